@@ -1,0 +1,141 @@
+"""Data types shared by samplers, environments, the staleness queue and the learner.
+
+Conventions (``../shared/docs/design.md``, "One batch layout"):
+
+* ``tokens: [B, L] int32`` holds prompt + response, right-padded.
+* Every per-token RL array is ``[B, T]`` with ``T = L - 1`` and is aligned to the
+  *target* token: index ``t`` describes ``tokens[:, t + 1]`` given ``tokens[:, :t + 1]``.
+* ``loss_mask`` is true only on tokens the policy generated (never prompt, tool output
+  or padding).
+* Names follow the papers: ``logp_mu``/``entropy_mu`` (behavior = sampler policy mu),
+  ``logp_prox`` (proximal policy of decoupled PPO), ``logp_ref`` (reference policy),
+  ``logp_pi`` (current policy, the only quantity with gradient), ``token_version``
+  (policy version of the weights that generated a token), ``staleness = version -
+  token_version``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import jax
+import numpy as np
+from flax import struct
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclasses.dataclass
+class Generation:
+    """One sampled continuation, as every `Sampler` returns it (host-side numpy).
+
+    Attributes:
+      prompt_ids: ``[P] int32`` the token ids the continuation was conditioned on.
+      response_ids: ``[R] int32`` generated token ids (stop token included when one was hit).
+      logp_mu: ``[R] float32`` natural-log probability of each generated token under the
+        exact distribution it was sampled from (after temperature and any top-k/top-p
+        filtering). Non-finite values reported by an engine are kept as they came; the
+        batching step counts and masks them.
+      entropy_mu: ``[R] float32`` full-vocabulary Shannon entropy (nats) of that same
+        distribution at each position.
+      token_version: ``[R] int32`` policy version of the weights that produced each token.
+      finish_reason: ``"stop"`` (stop token or stop string), ``"length"`` (max new
+        tokens) or ``"abort"``.
+    """
+
+    prompt_ids: np.ndarray
+    response_ids: np.ndarray
+    logp_mu: np.ndarray
+    entropy_mu: np.ndarray
+    token_version: np.ndarray
+    finish_reason: FinishReason
+
+    def __post_init__(self):
+        n = len(self.response_ids)
+        for name in ("logp_mu", "entropy_mu", "token_version"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(
+                    f"Generation.{name} has {len(getattr(self, name))} entries but "
+                    f"response_ids has {n}"
+                )
+
+
+@dataclasses.dataclass
+class Trajectory:
+    """A complete (possibly multi-turn) episode for one prompt sample (host-side numpy).
+
+    The response part interleaves policy tokens (``loss_mask`` true) with environment /
+    tool tokens (``loss_mask`` false, ``logp_mu = 0``, ``entropy_mu = 0``,
+    ``token_version = -1``).
+
+    Attributes:
+      prompt_ids: ``[P] int32``.
+      response_ids: ``[R] int32``.
+      logp_mu, entropy_mu: ``[R] float32`` (see `Generation`).
+      token_version: ``[R] int32``; ``-1`` on environment tokens.
+      loss_mask: ``[R] bool``; true only on policy-generated tokens.
+      reward: scalar sequence reward ``R_i``.
+      group_id: index of the prompt this sample belongs to (P prompts x G samples).
+      finish_reason: of the last generation.
+      info: free-form per-episode metadata (answer, number of turns, tool errors, ...).
+    """
+
+    prompt_ids: np.ndarray
+    response_ids: np.ndarray
+    logp_mu: np.ndarray
+    entropy_mu: np.ndarray
+    token_version: np.ndarray
+    loss_mask: np.ndarray
+    reward: float = 0.0
+    group_id: int = 0
+    finish_reason: FinishReason = "stop"
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_generation(cls, gen: Generation, **kwargs) -> "Trajectory":
+        """Single-turn trajectory: every response token is a policy token."""
+        return cls(
+            prompt_ids=np.asarray(gen.prompt_ids, np.int32),
+            response_ids=np.asarray(gen.response_ids, np.int32),
+            logp_mu=np.asarray(gen.logp_mu, np.float32),
+            entropy_mu=np.asarray(gen.entropy_mu, np.float32),
+            token_version=np.asarray(gen.token_version, np.int32),
+            loss_mask=np.ones(len(gen.response_ids), bool),
+            finish_reason=gen.finish_reason,
+            **kwargs,
+        )
+
+
+@struct.dataclass
+class Batch:
+    """One learner batch on device, read by objectives through these attributes only.
+
+    Shapes: ``B`` rows (sequences), ``L`` tokens per row, ``T = L - 1`` target positions.
+
+    Attributes:
+      tokens: ``[B, L] int32`` prompt + response, right-padded with ``pad_id``.
+      attention_mask: ``[B, L] bool`` true on real (non-padding) tokens.
+      loss_mask: ``[B, T] bool`` true on policy-generated target tokens.
+      advantages: ``[B, T] float32`` per-token advantage ``A_{i,t}`` (0 off the mask).
+      logp_mu: ``[B, T] float32`` behavior log-prob of the target token (0 off the mask).
+      entropy_mu: ``[B, T] float32`` full-vocabulary behavior entropy (nats).
+      token_version: ``[B, T] int32`` policy version that generated each target token.
+      logp_prox: ``[B, T] float32`` proximal-policy log-prob, or None when the objective
+        does not need it.
+      logp_ref: ``[B, T] float32`` reference-policy log-prob, or None (no KL term).
+      num_loss_tokens: ``[] float32`` number of loss tokens in the whole optimizer batch
+        (the global normaliser, computed on the host so microbatch gradients add up), or
+        None to count ``loss_mask`` of this batch.
+    """
+
+    tokens: jax.Array
+    attention_mask: jax.Array
+    loss_mask: jax.Array
+    advantages: jax.Array
+    logp_mu: jax.Array
+    entropy_mu: jax.Array
+    token_version: jax.Array
+    logp_prox: jax.Array | None = None
+    logp_ref: jax.Array | None = None
+    num_loss_tokens: jax.Array | None = None

@@ -1,0 +1,1 @@
+"""learners package of entr-jax."""

@@ -1,0 +1,1 @@
+"""samplers package of entr-jax."""
