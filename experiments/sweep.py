@@ -1,0 +1,199 @@
+"""Sweeps: a grid over any config fields x seeds, expanded to run directories.
+
+A sweep spec is a TOML file::
+
+    preset = "cpu_staleness"          # a preset of experiments.configs
+    seeds = [0, 1]
+    [[grid]]                          # one or more grids; their runs are unioned
+    "objective.name" = ["entr", "grpo"]
+    "staleness.inter_lag" = [1, 5, 15, 20, 30]
+    [[grid]]
+    "objective.name" = ["entr", "grpo"]
+    "staleness.intra_switches" = [1, 5, 7, 9]
+    [fixed]                           # overrides shared by every run
+    rl_steps = 40
+
+Every run is ``python -m experiments.run PRESET --run_dir DIR --seed S --field value ...``
+(the same overrides the CLI takes). ``run`` executes the runs on this machine with N
+worker processes, skipping finished runs (``summary.json`` exists) and resuming
+interrupted ones (``--resume`` when a checkpoint exists); ``emit`` writes one command per
+line for a cluster scheduler (e.g. a Slurm array reading line ``$SLURM_ARRAY_TASK_ID``);
+``summarize`` prints a table across runs.
+
+Usage::
+
+    python -m experiments.sweep run   SPEC.toml --out runs/sweep --workers 2
+    python -m experiments.sweep emit  SPEC.toml --out runs/sweep > commands.txt
+    python -m experiments.sweep summarize runs/sweep
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import itertools
+import json
+import pathlib
+import shlex
+import subprocess
+import sys
+import tomllib
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepRun:
+    """One point of a sweep: its name, directory and CLI overrides."""
+
+    name: str
+    run_dir: pathlib.Path
+    overrides: dict[str, Any]
+
+    def command(self, preset: str, resume: bool = False) -> list[str]:
+        args = [sys.executable, "-m", "experiments.run", preset, "--run_dir", str(self.run_dir)]
+        for key, value in self.overrides.items():
+            args += [f"--{key}", _cli_value(value)]
+        if resume:
+            args.append("--resume")
+        return args
+
+
+def _cli_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    return str(value)
+
+
+def _slug(key: str, value: Any) -> str:
+    return f"{key.split('.')[-1]}={_cli_value(value)}".replace("/", "_")
+
+
+def load_spec(path: str | pathlib.Path) -> dict[str, Any]:
+    """Read and check a sweep spec; errors name the offending key."""
+    with open(path, "rb") as f:
+        spec = tomllib.load(f)
+    unknown = set(spec) - {"preset", "seeds", "grid", "fixed"}
+    if unknown:
+        raise ValueError(f"sweep spec {path}: unknown keys {sorted(unknown)}")
+    if not isinstance(spec.get("preset"), str):
+        raise ValueError(f"sweep spec {path}: 'preset' (a preset name) is required")
+    seeds = spec.setdefault("seeds", [0])
+    if not seeds or not all(isinstance(s, int) for s in seeds):
+        raise ValueError(f"sweep spec {path}: 'seeds' must be a non-empty list of ints")
+    grids = spec.setdefault("grid", [{}])
+    if isinstance(grids, dict):
+        spec["grid"] = grids = [grids]
+    for i, grid in enumerate(grids):
+        for key, values in grid.items():
+            if not isinstance(values, list) or not values:
+                raise ValueError(f"sweep spec {path}: grid[{i}].{key} must be a non-empty list")
+    spec.setdefault("fixed", {})
+    return spec
+
+
+def expand(spec: dict[str, Any], out_dir: str | pathlib.Path) -> list[SweepRun]:
+    """All runs of a spec, deduplicated, in a stable order."""
+    out_dir = pathlib.Path(out_dir)
+    runs: dict[str, SweepRun] = {}
+    for grid in spec["grid"]:
+        keys = list(grid)
+        for values in itertools.product(*(grid[k] for k in keys)):
+            for seed in spec["seeds"]:
+                point = dict(zip(keys, values))
+                name = "_".join([_slug(k, v) for k, v in point.items()] + [f"seed={seed}"])
+                overrides = {**spec["fixed"], **point, "seed": seed}
+                runs.setdefault(name, SweepRun(name, out_dir / name, overrides))
+    return list(runs.values())
+
+
+def is_finished(run: SweepRun) -> bool:
+    return (run.run_dir / "summary.json").exists()
+
+
+def has_checkpoint(run: SweepRun) -> bool:
+    ckpt = run.run_dir / "checkpoints"
+    return ckpt.is_dir() and any(p.name.isdigit() for p in ckpt.iterdir())
+
+
+def run_local(spec: dict[str, Any], out_dir: str | pathlib.Path, workers: int = 1) -> list[dict]:
+    """Run every unfinished run with ``workers`` processes; returns one record per run."""
+    runs = expand(spec, out_dir)
+    pending = [r for r in runs if not is_finished(r)]
+    records = [{"name": r.name, "status": "skipped (finished)"} for r in runs if is_finished(r)]
+
+    def _one(run: SweepRun) -> dict:
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        cmd = run.command(spec["preset"], resume=has_checkpoint(run))
+        with open(run.run_dir / "sweep.log", "a") as log:
+            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
+        return {"name": run.name, "status": "ok" if proc.returncode == 0 else f"rc={proc.returncode}"}
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        records += list(pool.map(_one, pending))
+    return records
+
+
+def emit(spec: dict[str, Any], out_dir: str | pathlib.Path) -> list[str]:
+    """One shell command per run (resuming is the job's own ``--resume`` flag)."""
+    return [shlex.join(r.command(spec["preset"])) for r in expand(spec, out_dir)]
+
+
+SUMMARY_COLUMNS = (
+    "eval_accuracy_before",
+    "eval_accuracy_after",
+    "final_reward",
+    "rl_steps",
+    "wall_clock_s",
+)
+
+
+def summarize(out_dir: str | pathlib.Path) -> list[dict[str, Any]]:
+    """Rows ``{run, <overrides>, <summary columns>}`` for every finished run under a dir."""
+    rows = []
+    for summary_path in sorted(pathlib.Path(out_dir).glob("*/summary.json")):
+        summary = json.loads(summary_path.read_text())
+        row = {"run": summary_path.parent.name}
+        row.update({c: summary.get(c) for c in SUMMARY_COLUMNS})
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """A Markdown table of `summarize` rows."""
+    if not rows:
+        return "(no finished runs)"
+    cols = list(rows[0])
+    fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)  # noqa: E731
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m experiments.sweep", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    for name in ("run", "emit"):
+        p = sub.add_parser(name)
+        p.add_argument("spec")
+        p.add_argument("--out", required=True)
+        if name == "run":
+            p.add_argument("--workers", type=int, default=1)
+    p = sub.add_parser("summarize")
+    p.add_argument("out")
+    args = parser.parse_args(argv)
+    if args.cmd == "summarize":
+        print(format_table(summarize(args.out)))
+        return
+    spec = load_spec(args.spec)
+    if args.cmd == "emit":
+        print("\n".join(emit(spec, args.out)))
+        return
+    for rec in run_local(spec, args.out, args.workers):
+        print(json.dumps(rec))
+    print(format_table(summarize(args.out)))
+
+
+if __name__ == "__main__":
+    main()
