@@ -1,0 +1,395 @@
+"""A `Sampler` over a fleet of SGLang servers, spoken to through their native HTTP API.
+
+Every (prompt, sample) pair is one *unit*, sampled by one ``/generate`` request with
+``n = 1`` (not one request with ``n = G``): a unit is then the grain of routing, retry and
+failover, so a dead or hung server costs only its own units, each of which is answered
+exactly once; SGLang's radix cache still shares the prompt prefix across the G samples.
+
+* Routing: least outstanding requests over the healthy servers; ``max_attempts`` tries per
+  request with exponential backoff (``tenacity``); a failed try (timeout, dropped
+  connection, 5xx/429, unusable JSON) is retried on the least-loaded healthy server. A
+  server failing ``unhealthy_after`` times in a row leaves the rotation and is re-probed
+  (``/health_generate``, and a weight update if it missed one) after
+  ``reprobe_interval_s``. A timed-out request is also aborted on its server
+  (``/abort_request`` with its ``rid``, best effort) so it does not keep computing.
+* Abort: a reply with ``finish_reason.type == "abort"`` (e.g. a weight update paused the
+  server) is resumed: the tokens so far are appended to the input and only the remaining
+  budget is requested; segments are concatenated, each token keeping the version of the
+  reply that produced it.
+* Versions: ``meta_info.weight_version`` (a string) of every reply is parsed to an int and
+  recorded as ``token_version`` of that reply's tokens (`sglang_protocol.parse_weight_version`).
+* Weight sync (`update_weights`): export HF safetensors to ``export_dir/v{version}``, then
+  on every server ``/pause_generation`` (mode ``abort``: in-flight requests return at once
+  with the tokens and version they have, and are resumed by their units),
+  ``/update_weights_from_disk`` (``model_path``, ``weight_version``),
+  ``/continue_generation`` and a ``/health_generate`` that must succeed. Modes
+  ``in_place``/``retract`` would let one reply mix tokens of two weight versions under a
+  single ``weight_version``, so they are not used for updates.
+
+Log-prob and entropy handling (masking of unreadable tokens, entropy estimation with an
+error bound) is in `samplers.sglang_protocol` and `samplers.sglang_entropy`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import re
+import shutil
+import threading
+import uuid
+from typing import Any, Sequence
+
+import httpx
+import numpy as np
+import tenacity
+
+from entr_jax.interfaces import SamplingParams
+from entr_jax.types import Generation
+from samplers.sglang_config import SGLangFleetConfig
+from samplers.sglang_protocol import (
+    COUNTER_KEYS,
+    MalformedResponse,
+    Segment,
+    build_generate_payload,
+    check_params_supported,
+    decode_body,
+    parse_generate_reply,
+    parse_weight_version,
+)
+from samplers.sglang_routing import Retryable, Server, ServerPool
+
+
+class SGLangFleet:
+    """`entr_jax.interfaces.Sampler` backed by N SGLang servers (see module doc).
+
+    Args:
+      config: `SGLangFleetConfig`.
+      transport: optional ``httpx`` transport (tests); None uses real sockets.
+    """
+
+    def __init__(self, config: SGLangFleetConfig, transport: httpx.BaseTransport | None = None):
+        self.config = config
+        headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        self._client = httpx.Client(
+            headers=headers,
+            timeout=httpx.Timeout(config.request_timeout_s, connect=config.connect_timeout_s),
+            limits=httpx.Limits(max_connections=config.max_concurrency + 4 * len(config.server_urls)),
+            transport=transport,
+        )
+        self._routing = ServerPool(config.server_urls, config.unhealthy_after,
+                                   config.reprobe_interval_s, config.request_timeout_s, self._probe)
+        self._servers = self._routing.servers
+        self._cond = self._routing.cond
+        self._pool = cf.ThreadPoolExecutor(config.max_concurrency, thread_name_prefix="sglang")
+        self._counters = self._routing.counters
+        self._halfwidth_sum = 0.0
+        self._update_lock = threading.Lock()
+        self._version = config.initial_version
+        self._latest: tuple[str, int] | None = None
+        self._run_id = uuid.uuid4().hex[:8]
+        self._calls = 0
+
+    # ------------------------------------------------------------------ Sampler protocol
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, num_samples: int = 1
+    ) -> list[list[Generation]]:
+        """Sample ``num_samples`` continuations of every prompt (protocol in `Sampler`).
+
+        Returns ``[len(prompts)][num_samples]`` `Generation`s in prompt order; each
+        (prompt, sample) is answered exactly once.
+
+        Raises:
+          ValueError: bad ``prompts``/``num_samples`` or filtering ``params``.
+          RuntimeError: a unit failed ``max_attempts`` times (the fleet is down).
+        """
+        check_params_supported(params)
+        if num_samples < 1:
+            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+        prompt_lists = []
+        for i, p in enumerate(prompts):
+            ids = [int(t) for t in p]
+            if not ids or min(ids) < 0:
+                raise ValueError(f"prompts[{i}] must be a non-empty list of token ids >= 0")
+            prompt_lists.append(ids)
+        with self._cond:
+            self._calls += 1
+            call = self._calls
+        futures = [
+            [
+                self._pool.submit(
+                    self._sample_unit, ids, params,
+                    _unit_seed(params.seed, call, i, s), f"{self._run_id}-{call}-{i}-{s}",
+                )
+                for s in range(num_samples)
+            ]
+            for i, ids in enumerate(prompt_lists)
+        ]
+        cf.wait([f for row in futures for f in row])
+        return [[f.result() for f in row] for row in futures]
+
+    def update_weights(self, params: Any, version: int) -> None:
+        """Export ``params`` to ``export_dir/v{version}`` and load it on every server.
+
+        Raises:
+          ValueError: ``version`` lower than the current one.
+          RuntimeError: no server accepted the update.
+        """
+        self._check_version(version)
+        path = os.path.join(self.config.export_dir, f"v{int(version)}")
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        os.makedirs(path)
+        export_fn = self.config.export_fn
+        if export_fn is None:
+            from entr_jax.model import save_pretrained as export_fn  # lazy: heavy deps
+        export_fn(params, path)
+        self.update_weights_from_path(path, version)
+        self._prune_exports(int(version))
+
+    def update_weights_from_path(self, path: str, version: int) -> None:
+        """Load the HF checkpoint directory ``path`` on every server, tagged ``version``.
+
+        Per server: pause (abort mode), ``/update_weights_from_disk``, continue, health.
+        A server that fails is taken out of rotation and updated when re-probed.
+
+        Raises:
+          ValueError: ``path`` is not a directory or ``version`` is lower than the current.
+          RuntimeError: no server accepted the update (every error is listed).
+        """
+        if not os.path.isdir(path):
+            raise ValueError(f"path {path!r} is not a directory")
+        self._check_version(version)
+        with self._update_lock:
+            path = os.path.abspath(path)
+            with cf.ThreadPoolExecutor(len(self._servers)) as control_pool:
+                errors = list(control_pool.map(
+                    lambda s: self._update_server(s, path, version), self._servers))
+            self._latest = (path, int(version))
+            self._version = int(version)
+            failed = [(s.url, e) for s, e in zip(self._servers, errors) if e is not None]
+            for s, e in zip(self._servers, errors):
+                if e is not None:
+                    self._routing.mark_unhealthy(s)
+            self._counters["weight_updates"] += 1
+            self._counters["weight_update_failures"] += len(failed)
+            if len(failed) == len(self._servers):
+                raise RuntimeError(f"weight update to version {version} failed on every server: {failed}")
+
+    def pause(self) -> None:
+        """``/pause_generation`` (mode ``in_place``) on every server."""
+        self._broadcast("/pause_generation", {"mode": "in_place"})
+
+    def resume(self) -> None:
+        """``/continue_generation`` on every server."""
+        self._broadcast("/continue_generation", {})
+
+    # ------------------------------------------------------------------ extras
+    @property
+    def version(self) -> int:
+        """Version of the weights most recently pushed (``initial_version`` before any)."""
+        return self._version
+
+    def metrics(self) -> dict[str, float]:
+        """Flat ``sglang/...`` counters since construction (float values)."""
+        with self._cond:
+            out = {f"sglang/{k}": float(v) for k, v in self._counters.items()}
+            n = self._counters["tokens"]
+            out["sglang/entropy_halfwidth_mean"] = self._halfwidth_sum / n if n else 0.0
+            out["sglang/servers_unhealthy"] = float(sum(not s.healthy for s in self._servers))
+        for k in COUNTER_KEYS + ("tokens", "retries", "failovers", "timeouts",
+                                 "connection_errors", "http_errors", "malformed_responses",
+                                 "aborts_resumed", "probes", "servers_recovered",
+                                 "servers_marked_unhealthy", "weight_updates",
+                                 "weight_update_failures"):
+            out.setdefault(f"sglang/{k}", 0.0)
+        return out
+
+    def close(self) -> None:
+        """Stop the worker threads and close connections."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._client.close()
+
+    def __enter__(self) -> "SGLangFleet":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ sampling
+    def _sample_unit(self, prompt: list[int], params: SamplingParams, seed: int | None,
+                     rid: str) -> Generation:
+        segments: list[Segment] = []
+        produced, resumes, finish = 0, 0, "length"
+        while produced < params.max_new_tokens:
+            payload = build_generate_payload(
+                prompt + [int(t) for s in segments for t in s.token_ids], params,
+                params.max_new_tokens - produced, self.config.entropy_top_k,
+                seed if self.config.send_sampling_seed else None, f"{rid}-{len(segments)}",
+            )
+            seg = self._request_segment(payload)
+            segments.append(seg)
+            produced += len(seg.token_ids)
+            finish = seg.finish_type
+            if finish != "abort":
+                break
+            if produced >= params.max_new_tokens:
+                finish = "length"
+                break
+            if resumes >= self.config.max_resumes:
+                break
+            resumes += 1
+            self._count("aborts_resumed")
+        cat = lambda name, dt: np.concatenate(  # noqa: E731
+            [np.asarray(getattr(s, name), dt) for s in segments] or [np.zeros(0, dt)])
+        versions = np.concatenate(
+            [np.full(len(s.token_ids), s.version, np.int32) for s in segments]
+            or [np.zeros(0, np.int32)])
+        return Generation(
+            prompt_ids=np.asarray(prompt, np.int32),
+            response_ids=cat("token_ids", np.int32),
+            logp_mu=cat("logp", np.float32),
+            entropy_mu=cat("entropy", np.float32),
+            token_version=versions,
+            finish_reason=finish,
+        )
+
+    def _request_segment(self, payload: dict[str, Any]) -> Segment:
+        budget = payload["sampling_params"]["max_new_tokens"]
+        last_url: list[str | None] = [None]
+
+        def attempt_once(n: int) -> Segment:
+            server = self._routing.acquire()
+            if n > 1:
+                self._count("retries")
+                if last_url[0] is not None and server.url != last_url[0]:
+                    self._count("failovers")
+            last_url[0] = server.url
+            payload["rid"] = re.sub(r"-a\d+$", "", payload["rid"]) + f"-a{n}"
+            try:
+                resp = self._client.post(server.url + "/generate", json=payload)
+            except httpx.TimeoutException:
+                self._routing.release(server, ok=False, counter="timeouts")
+                self._abort_rid(server, payload["rid"])
+                raise Retryable(f"{server.url} timed out") from None
+            except httpx.TransportError as e:
+                self._routing.release(server, ok=False, counter="connection_errors")
+                raise Retryable(f"{server.url}: {e!r}") from None
+            if resp.status_code >= 500 or resp.status_code == 429:
+                self._routing.release(server, ok=False, counter="http_errors")
+                raise Retryable(f"{server.url} answered {resp.status_code}")
+            if resp.status_code != 200:
+                self._routing.release(server, ok=True)
+                raise RuntimeError(
+                    f"{server.url}/generate rejected the request ({resp.status_code}): "
+                    f"{resp.text[:500]}")
+            try:
+                seg = parse_generate_reply(decode_body(resp.content), self.config.entropy_top_k,
+                                           self.config.vocab_size, self.config.initial_version)
+                if len(seg.token_ids) > budget:
+                    raise MalformedResponse(f"{len(seg.token_ids)} tokens for a budget of {budget}")
+            except MalformedResponse as e:
+                self._routing.release(server, ok=False, counter="malformed_responses")
+                raise Retryable(f"{server.url}: {e}") from None
+            self._routing.release(server, ok=True)
+            with self._cond:
+                self._counters.update({k: v for k, v in seg.counts.items() if v})
+                self._counters["tokens"] += len(seg.token_ids)
+                self._halfwidth_sum += float(np.nansum(seg.entropy_halfwidth))
+            return seg
+
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(self.config.max_attempts),
+            wait=tenacity.wait_exponential(multiplier=self.config.backoff_initial_s,
+                                           max=self.config.backoff_max_s),
+            retry=tenacity.retry_if_exception_type(Retryable),
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    return attempt_once(attempt.retry_state.attempt_number)
+        except Retryable as e:
+            raise RuntimeError(
+                f"SGLang request failed {self.config.max_attempts} times; last error: {e}"
+            ) from None
+        raise AssertionError("unreachable")
+
+    # ------------------------------------------------------------------ health / weight sync
+    def _probe(self, server: Server) -> bool:
+        """Health check; first pushes the latest weights if the server reports another version."""
+        try:
+            info = self._control(server, "GET", "/get_model_info").json()
+            latest = self._latest
+            if latest is not None and parse_weight_version(
+                    info.get("weight_version"), self.config.initial_version) != latest[1]:
+                return self._update_server(server, *latest) is None
+            self._control(server, "GET", "/health_generate")
+            return True
+        except (httpx.HTTPError, ValueError, RuntimeError, AttributeError):
+            return False
+
+    def _update_server(self, server: Server, path: str, version: int) -> str | None:
+        """Pause, load ``path`` as ``version``, continue, health-check one server; error or None."""
+        try:
+            self._control(server, "POST", "/pause_generation", {"mode": "abort"})
+            try:
+                body = self._control(server, "POST", "/update_weights_from_disk", {
+                    "model_path": path, "weight_version": str(int(version)),
+                    "flush_cache": True, "abort_all_requests": True}).json()
+                if not isinstance(body, dict) or body.get("success") is not True:
+                    raise RuntimeError(f"update_weights_from_disk failed: {body!r}")
+            finally:
+                self._control(server, "POST", "/continue_generation", {})
+            self._control(server, "GET", "/health_generate")
+            return None
+        except (httpx.HTTPError, ValueError, RuntimeError) as e:
+            return f"{type(e).__name__}: {e}"
+
+    def _control(self, server: Server, method: str, route: str,
+                 body: dict | None = None) -> httpx.Response:
+        resp = self._client.request(method, server.url + route, json=body,
+                                    timeout=self.config.control_timeout_s)
+        if resp.status_code != 200:
+            raise RuntimeError(f"{method} {server.url}{route} -> {resp.status_code}: {resp.text[:300]}")
+        return resp
+
+    def _broadcast(self, route: str, body: dict) -> None:
+        errors = []
+        for s in self._servers:
+            try:
+                self._control(s, "POST", route, body)
+            except (httpx.HTTPError, RuntimeError) as e:
+                errors.append(f"{s.url}: {e}")
+        if errors:
+            raise RuntimeError(f"{route} failed on {len(errors)} server(s): {errors}")
+
+    def _abort_rid(self, server: Server, rid: str) -> None:
+        try:
+            self._client.post(server.url + "/abort_request", json={"rid": rid},
+                              timeout=self.config.connect_timeout_s)
+        except httpx.HTTPError:
+            pass
+
+    def _count(self, key: str, n: int = 1) -> None:
+        self._routing.count(key, n)
+
+    def _check_version(self, version: int) -> None:
+        if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or version < 0:
+            raise ValueError(f"version must be an int >= 0, got {version!r}")
+        if version < self._version:
+            raise ValueError(f"version {version} is lower than the current version {self._version}")
+
+    def _prune_exports(self, current: int) -> None:
+        root = self.config.export_dir
+        versions = sorted(int(m.group(1)) for d in os.listdir(root)
+                          if (m := re.fullmatch(r"v(\d+)", d)))
+        for v in versions[: max(0, len(versions) - self.config.keep_exports)]:
+            if v != current:
+                shutil.rmtree(os.path.join(root, f"v{v}"), ignore_errors=True)
+
+
+def _unit_seed(seed: int, call: int, prompt: int, sample: int) -> int:
+    """Deterministic 31-bit ``sampling_seed`` of one unit (same for all its segments)."""
+    mixed = np.random.SeedSequence([seed & 0xFFFFFFFF, call, prompt, sample]).generate_state(1)[0]
+    return int(mixed & 0x7FFFFFFF)

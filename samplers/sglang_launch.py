@@ -1,0 +1,177 @@
+"""Command lines that start an SGLang fleet for one HF checkpoint directory.
+
+One ``python -m sglang.launch_server`` process per group of ``tp_size`` GPUs (selected
+with ``CUDA_VISIBLE_DEVICES``), on consecutive ports from ``base_port``, bound to
+loopback unless ``host`` says otherwise, optionally behind one
+``python -m sglang_router.launch_router``. The fleet client is then pointed at
+`server_urls` (see ``docs/sglang.md``). Requires ``pip install -e .[sglang]`` on the GPU
+hosts; this module itself only builds (and, with ``--run``, starts) the commands.
+
+Usage::
+
+    python -m samplers.sglang_launch --model-path /ckpt/qwen --gpu-ids 0 1 2 3   # print
+    python -m samplers.sglang_launch --model-path /ckpt/qwen --gpu-ids 0 1 --run  # start
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import shlex
+import subprocess
+import sys
+
+
+@dataclasses.dataclass(frozen=True)
+class SGLangLaunchConfig:
+    """What to launch.
+
+    Attributes:
+      model_path: HF checkpoint directory (config.json + safetensors + tokenizer).
+      gpu_ids: GPU indices on this host to use, split into servers of ``tp_size`` GPUs.
+      tp_size: tensor-parallel GPUs per server (``--tp-size``).
+      host: address the servers bind to; loopback by default. Any other address
+        requires ``api_key``.
+      base_port: port of the first server; server i listens on ``base_port + i``.
+      api_key: passed as ``--api-key`` (clients send ``Authorization: Bearer <key>``).
+      mem_fraction_static: ``--mem-fraction-static`` when set (fraction of GPU memory
+        for weights + KV cache).
+      deterministic: add ``--enable-deterministic-inference`` (makes ``sampling_seed``
+        effective, at some throughput cost).
+      router_port: when set, also start ``sglang_router.launch_router`` on this port
+        over all servers (the client may then use the single router URL).
+      extra_args: appended verbatim to every server command.
+      python: interpreter used for the commands.
+    """
+
+    model_path: str
+    gpu_ids: tuple[int, ...] = (0,)
+    tp_size: int = 1
+    host: str = "127.0.0.1"
+    base_port: int = 30000
+    api_key: str | None = None
+    mem_fraction_static: float | None = None
+    deterministic: bool = False
+    router_port: int | None = None
+    extra_args: tuple[str, ...] = ()
+    python: str = "python"
+
+    def __post_init__(self):
+        if not self.model_path:
+            raise ValueError("SGLangLaunchConfig.model_path must be a non-empty path")
+        if not self.gpu_ids or len(set(self.gpu_ids)) != len(self.gpu_ids) or min(self.gpu_ids) < 0:
+            raise ValueError(
+                f"SGLangLaunchConfig.gpu_ids must be distinct indices >= 0, got {self.gpu_ids}")
+        if self.tp_size < 1 or len(self.gpu_ids) % self.tp_size:
+            raise ValueError(
+                f"SGLangLaunchConfig.tp_size ({self.tp_size}) must be >= 1 and divide "
+                f"len(gpu_ids) ({len(self.gpu_ids)})")
+        if not 1024 <= self.base_port <= 65535 - len(self.gpu_ids):
+            raise ValueError(f"SGLangLaunchConfig.base_port out of range: {self.base_port}")
+        if self.router_port is not None and not 1024 <= self.router_port <= 65535:
+            raise ValueError(f"SGLangLaunchConfig.router_port out of range: {self.router_port}")
+        if self.router_port is not None and self.base_port <= self.router_port < self.base_port + self.num_servers:
+            raise ValueError("SGLangLaunchConfig.router_port collides with a server port")
+        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
+            raise ValueError(
+                f"SGLangLaunchConfig.mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
+        if not _is_loopback(self.host) and not self.api_key:
+            raise ValueError(
+                f"SGLangLaunchConfig.api_key is required when host ({self.host}) is not loopback")
+
+    @property
+    def num_servers(self) -> int:
+        return len(self.gpu_ids) // self.tp_size
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchCommand:
+    """One process to start: extra environment variables and the argument vector."""
+
+    env: dict[str, str]
+    argv: tuple[str, ...]
+
+    def shell(self) -> str:
+        """The command as one POSIX shell line (env assignments first)."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        return (env + " " if env else "") + shlex.join(self.argv)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _client_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "::") else host
+
+
+def server_urls(cfg: SGLangLaunchConfig) -> tuple[str, ...]:
+    """Base URLs of the servers, for ``SGLangFleetConfig.server_urls``."""
+    return tuple(f"http://{_client_host(cfg.host)}:{cfg.base_port + i}" for i in range(cfg.num_servers))
+
+
+def server_commands(cfg: SGLangLaunchConfig) -> list[LaunchCommand]:
+    """One ``sglang.launch_server`` command per server."""
+    cmds = []
+    for i in range(cfg.num_servers):
+        gpus = cfg.gpu_ids[i * cfg.tp_size:(i + 1) * cfg.tp_size]
+        argv = [cfg.python, "-m", "sglang.launch_server", "--model-path", cfg.model_path,
+                "--host", cfg.host, "--port", str(cfg.base_port + i), "--tp-size", str(cfg.tp_size)]
+        if cfg.api_key:
+            argv += ["--api-key", cfg.api_key]
+        if cfg.mem_fraction_static is not None:
+            argv += ["--mem-fraction-static", str(cfg.mem_fraction_static)]
+        if cfg.deterministic:
+            argv.append("--enable-deterministic-inference")
+        argv += list(cfg.extra_args)
+        cmds.append(LaunchCommand(env={"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))},
+                                  argv=tuple(argv)))
+    return cmds
+
+
+def router_command(cfg: SGLangLaunchConfig) -> LaunchCommand | None:
+    """The ``sglang_router.launch_router`` command, or None without ``router_port``."""
+    if cfg.router_port is None:
+        return None
+    argv = [cfg.python, "-m", "sglang_router.launch_router", "--worker-urls", *server_urls(cfg),
+            "--host", cfg.host, "--port", str(cfg.router_port)]
+    return LaunchCommand(env={}, argv=tuple(argv))
+
+
+def all_commands(cfg: SGLangLaunchConfig) -> list[LaunchCommand]:
+    """Servers first, then the router (if any)."""
+    router = router_command(cfg)
+    return server_commands(cfg) + ([router] if router else [])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: print the commands (default) or start them and wait (``--run``)."""
+    import tyro
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    run = "--run" in args
+    args = [a for a in args if a != "--run"]
+    cfg = tyro.cli(SGLangLaunchConfig, args=args)
+    cmds = all_commands(cfg)
+    for c in cmds:
+        print(c.shell())
+    print("# fleet client: SGLangFleetConfig(server_urls=" + repr(server_urls(cfg)) + ", ...)")
+    if not run:
+        return 0
+    procs = [subprocess.Popen(list(c.argv), env={**os.environ, **c.env}) for c in cmds]
+    try:
+        return max(p.wait() for p in procs)
+    except KeyboardInterrupt:
+        for p in procs:
+            p.terminate()
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,360 @@
+"""SGLang fleet client against fault-injecting fake servers on loopback (no GPU, no sglang)."""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+import re
+import time
+
+import numpy as np
+import pytest
+
+from entr_jax.interfaces import Sampler, SamplingParams
+from samplers.sglang_config import SGLangFleetConfig
+from samplers.sglang_entropy import topk_entropy_bounds
+from samplers.sglang_fleet import SGLangFleet
+from samplers.sglang_launch import SGLangLaunchConfig, all_commands, server_urls
+from samplers.sglang_protocol import build_generate_payload, parse_weight_version
+from tests.sglang_fake_server import VOCAB, FakeSGLangServer, toy_logprobs
+
+PROMPTS = [[1, 2], [3], [4, 5, 6]]
+PARAMS = SamplingParams(temperature=0.8, max_new_tokens=6, stop_token_ids=(0,), seed=5)
+K = 4
+
+
+def _cfg(servers, **kw) -> SGLangFleetConfig:
+    base = dict(
+        server_urls=tuple(s.url for s in servers), vocab_size=VOCAB, entropy_top_k=K,
+        request_timeout_s=0.5, connect_timeout_s=0.5, control_timeout_s=2.0, max_attempts=5,
+        backoff_initial_s=0.01, backoff_max_s=0.05, unhealthy_after=2, reprobe_interval_s=0.05,
+        max_concurrency=4,
+    )
+    base.update(kw)
+    return SGLangFleetConfig(**base)
+
+
+@pytest.fixture
+def servers():
+    made = []
+
+    def make(n=2, **kw):
+        new = [FakeSGLangServer(**kw) for _ in range(n)]
+        made.extend(new)
+        return new
+
+    yield make
+    for s in made:
+        s.stop()
+
+
+def _tokens(results):
+    return [[g.response_ids.tolist() for g in row] for row in results]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """Fault-free results of the first generate call of a fresh fleet (weights seed 0)."""
+    server = FakeSGLangServer()
+    try:
+        with SGLangFleet(_cfg([server])) as fleet:
+            return fleet.generate(PROMPTS, PARAMS, num_samples=2)
+    finally:
+        server.stop()
+
+
+def _unit_of(rid: str) -> str:
+    return re.sub(r"-\d+-a\d+$", "", rid)
+
+
+def _assert_exactly_once(results, fakes, segments_per_unit=1):
+    assert [len(row) for row in results] == [2] * len(PROMPTS)
+    ok = collections.Counter(_unit_of(r) for f in fakes for r in f.ok_replies())
+    assert len(ok) == 2 * len(PROMPTS)
+    assert set(ok.values()) == {segments_per_unit}
+
+
+# ---------------------------------------------------------------- entropy estimator
+def test_entropy_bounds_golden():
+    p = np.array([0.5, 0.25, 0.15, 0.10])
+    h = lambda x: -x * math.log(x)  # noqa: E731
+    est, lo, hi = topk_entropy_bounds(np.log(p[None, :2]), vocab_size=4)
+    # tail mass 0.25 over 2 tokens, each <= 0.25: min = one token of 0.25, max = uniform.
+    assert lo[0] == pytest.approx(h(0.5) + 2 * h(0.25), abs=1e-12)
+    assert hi[0] == pytest.approx(h(0.5) + h(0.25) + 2 * h(0.125), abs=1e-12)
+    exact = sum(h(x) for x in p)
+    assert lo[0] < exact < hi[0]
+    assert est[0] == pytest.approx((lo[0] + hi[0]) / 2, abs=1e-12)
+
+
+@pytest.mark.parametrize("vocab,k,scale", [(50, 1, 0.5), (50, 5, 3.0), (300, 20, 1.0), (30, 29, 6.0)])
+def test_entropy_bounds_contain_exact_entropy(vocab, k, scale):
+    rng = np.random.default_rng(vocab + k)
+    logits = rng.normal(0.0, scale, (200, vocab))
+    logits[:20] = 0.0  # uniform rows: the tail bound is attained
+    lp = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
+    exact = -(np.exp(lp) * lp).sum(axis=1)
+    top = -np.sort(-lp, axis=1)[:, :k]
+    rng.permuted(top, axis=1, out=top)  # any order
+    est, lo, hi = topk_entropy_bounds(top, vocab)
+    assert np.all(lo <= exact + 1e-9) and np.all(exact <= hi + 1e-9)
+    assert np.all(np.abs(est - exact) <= (hi - lo) / 2 + 1e-9)
+    np.testing.assert_allclose(hi[:20], exact[:20], atol=1e-9)
+
+
+def test_entropy_bounds_missing_rows():
+    rows = np.array([[np.nan, np.nan], [math.log(0.9), -np.inf]])
+    est, lo, hi = topk_entropy_bounds(rows, vocab_size=5)
+    assert np.isnan(est[0]) and np.isfinite(est[1])
+    with pytest.raises(ValueError, match="vocab_size"):
+        topk_entropy_bounds(rows, vocab_size=2)
+
+
+# ---------------------------------------------------------------- config / wire format
+@pytest.mark.parametrize("kw,field", [
+    (dict(server_urls=()), "server_urls"), (dict(server_urls=("ftp://x:1",)), "server_urls"),
+    (dict(entropy_top_k=0), "entropy_top_k"), (dict(request_timeout_s=0), "request_timeout_s"),
+    (dict(max_attempts=0), "max_attempts"), (dict(api_key="a b"), "api_key"),
+    (dict(export_fn=3), "export_fn"),
+])
+def test_config_validation_names_field(kw, field):
+    with pytest.raises(ValueError, match=field):
+        SGLangFleetConfig(**kw)
+
+
+def test_payload_is_explicit():
+    body = build_generate_payload([7, 8], PARAMS, 4, K, 99, "r-0-a1")
+    assert body["input_ids"] == [7, 8] and body["return_logprob"] is True
+    assert body["logprob_start_len"] == -1 and body["top_logprobs_num"] == K
+    assert body["sampling_params"] == {
+        "temperature": 0.8, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "max_new_tokens": 4,
+        "stop_token_ids": [0], "n": 1, "ignore_eos": False, "no_stop_trim": True,
+        "skip_special_tokens": False, "sampling_seed": 99}
+
+
+def test_weight_version_parsing():
+    assert parse_weight_version("default", 3) == 3 and parse_weight_version("12", 0) == 12
+    with pytest.raises(ValueError, match="weight_version"):
+        parse_weight_version("v1-abc", 0)
+
+
+def test_filters_refused(servers):
+    with SGLangFleet(_cfg(servers(1))) as fleet:
+        for kw in (dict(top_p=0.9), dict(top_k=5), dict(min_p=0.1)):
+            with pytest.raises(ValueError, match=next(iter(kw))):
+                fleet.generate(PROMPTS, SamplingParams(**kw))
+
+
+# ---------------------------------------------------------------- sampling semantics
+def test_generations_match_toy_model(servers, reference):
+    fakes = servers(2)
+    with SGLangFleet(_cfg(fakes)) as fleet:
+        assert isinstance(fleet, Sampler)
+        results = fleet.generate(PROMPTS, PARAMS, num_samples=2)
+        assert fleet.metrics()["sglang/tokens"] == sum(len(g.response_ids) for r in results for g in r)
+    assert _tokens(results) == _tokens(reference)
+    for prompt, row in zip(PROMPTS, results):
+        for g in row:
+            seq = list(prompt)
+            for t, tok in enumerate(g.response_ids.tolist()):
+                lp = toy_logprobs(seq[-1], 0, PARAMS.temperature)
+                assert g.logp_mu[t] == pytest.approx(lp[tok], abs=1e-6)
+                exact = -(np.exp(lp) * lp).sum()
+                _, lo, hi = topk_entropy_bounds(np.sort(lp)[::-1][None, :K], VOCAB)
+                assert lo[0] - 1e-5 <= g.entropy_mu[t] <= hi[0] + 1e-5
+                assert abs(g.entropy_mu[t] - exact) <= (hi[0] - lo[0]) / 2 + 1e-5
+                seq.append(tok)
+            assert g.token_version.tolist() == [0] * len(g.response_ids)
+            if g.finish_reason == "stop":
+                assert g.response_ids[-1] == 0
+            else:
+                assert g.finish_reason == "length" and len(g.response_ids) == PARAMS.max_new_tokens
+            assert g.prompt_ids.tolist() == prompt
+    _assert_exactly_once(results, fakes)
+
+
+@pytest.mark.parametrize("fault,counter", [
+    ("503", "http_errors"), ("drop", "connection_errors"), ("malformed_json", "malformed_responses"),
+    ("hang", "timeouts"), ("die", "connection_errors"),
+])
+def test_faults_lose_and_duplicate_nothing(servers, reference, fault, counter):
+    fakes = servers(2, hang_s=1.0)
+    fakes[0].faults.extend([None, fault, fault])
+    with SGLangFleet(_cfg(fakes)) as fleet:
+        results = fleet.generate(PROMPTS, PARAMS, num_samples=2)
+        m = fleet.metrics()
+    assert _tokens(results) == _tokens(reference)
+    for r, ref in zip(results, reference):
+        for g, gr in zip(r, ref):
+            np.testing.assert_array_equal(g.logp_mu, gr.logp_mu)
+    _assert_exactly_once(results, fakes)
+    assert m[f"sglang/{counter}"] >= 1 and m["sglang/retries"] >= 1
+    if fault == "die":
+        assert m["sglang/servers_marked_unhealthy"] >= 1
+
+
+def test_malformed_tokens_are_counted_and_masked(servers, reference):
+    fakes = servers(1)
+    fakes[0].faults.extend(["null_logprob", "nan_logprob", "short_logprobs"])
+    with SGLangFleet(_cfg(fakes, max_concurrency=1)) as fleet:
+        results = fleet.generate(PROMPTS, PARAMS, num_samples=2)
+        m = fleet.metrics()
+    assert _tokens(results) == _tokens(reference)
+    flat = [g for row in results for g in row]
+    ref = [g for row in reference for g in row]
+    # units run in order with one worker: fault i hits unit i
+    assert np.isnan(flat[0].logp_mu[1]) and np.isnan(flat[1].logp_mu[1])
+    assert np.isnan(flat[2].logp_mu[-2:]).all()
+    n_bad = sum(int(np.isnan(g.logp_mu).sum()) for g in flat)
+    assert n_bad == 4
+    assert m["sglang/tokens_malformed_logprob"] == 1  # null (what orjson writes for NaN)
+    assert m["sglang/tokens_nonfinite_logprob"] == 1  # a literal NaN
+    assert m["sglang/tokens_missing_logprob"] == 2
+    for g, gr in zip(flat, ref):  # every other token untouched
+        ok = ~np.isnan(g.logp_mu)
+        np.testing.assert_array_equal(g.logp_mu[ok], gr.logp_mu[ok])
+
+
+def test_unknown_tail_is_dropped_and_resampled(servers, reference):
+    fakes = servers(1)
+    fakes[0].faults.append("short_no_ids")
+    with SGLangFleet(_cfg(fakes, max_concurrency=1)) as fleet:
+        results = fleet.generate(PROMPTS, PARAMS, num_samples=2)
+        m = fleet.metrics()
+    assert _tokens(results) == _tokens(reference)
+    assert all(np.isfinite(g.logp_mu).all() for row in results for g in row)
+    assert m["sglang/tokens_dropped"] == 2 and m["sglang/aborts_resumed"] == 1
+
+
+def test_abort_resume_concatenates_segments_and_versions(servers, reference):
+    fakes = servers(1)
+    fakes[0].faults.append("abort")
+    fakes[0].on_abort = lambda: setattr(fakes[0], "weight_version", "7")
+    with SGLangFleet(_cfg(fakes, max_concurrency=1)) as fleet:
+        results = fleet.generate(PROMPTS, PARAMS, num_samples=2)
+        assert fleet.metrics()["sglang/aborts_resumed"] == 1
+    assert _tokens(results) == _tokens(reference)
+    first = results[0][0]
+    half = PARAMS.max_new_tokens // 2
+    assert first.finish_reason == reference[0][0].finish_reason
+    assert first.token_version.tolist() == [0] * half + [7] * (len(first.response_ids) - half)
+    assert {int(v) for g in results[1] for v in g.token_version} == {7}
+
+
+def test_abort_budget_exhausted_reports_abort(servers):
+    fakes = servers(1)
+    fakes[0].faults.extend(["abort"] * 3)
+    params = SamplingParams(temperature=1.0, max_new_tokens=16, seed=1)
+    with SGLangFleet(_cfg(fakes, max_resumes=1, max_concurrency=1)) as fleet:
+        (g,), = fleet.generate([[2]], params)
+    assert g.finish_reason == "abort" and len(g.response_ids) == 8 + 4
+
+
+# ---------------------------------------------------------------- weights, control, auth
+def _export(params, path):
+    with open(os.path.join(path, "model.safetensors"), "wb") as f:
+        f.write(np.asarray(params, np.float32).tobytes())
+
+
+def _probe_entropy(fleet):
+    (g,), = fleet.generate([[3]], SamplingParams(temperature=1.0, max_new_tokens=1))
+    return float(g.entropy_mu[0]), int(g.token_version[0])
+
+
+def test_weight_updates(servers, tmp_path):
+    fakes = servers(2)
+    with SGLangFleet(_cfg(fakes, export_dir=str(tmp_path), export_fn=_export, keep_exports=2)) as fleet:
+        h0, v0 = _probe_entropy(fleet)
+        fleet.update_weights([1.0, 2.0], 1)
+        h1, v1 = _probe_entropy(fleet)
+        fleet.update_weights([1.0, 2.0], 2)  # same weights again
+        h2, v2 = _probe_entropy(fleet)
+        fleet.update_weights([3.0, 2.0], 3)
+        h3, v3 = _probe_entropy(fleet)
+        assert (v0, v1, v2, v3) == (0, 1, 2, 3) and fleet.version == 3
+        assert h1 == h2 and h0 != h1 and h3 != h2
+        assert sorted(os.listdir(tmp_path)) == ["v2", "v3"]
+        with pytest.raises(ValueError, match="lower"):
+            fleet.update_weights_from_path(str(tmp_path / "v3"), 2)
+    for f in fakes:
+        routes = [r for r, _ in f.calls if r != "/get_model_info"]
+        assert routes == ["/pause_generation", "/update_weights_from_disk", "/continue_generation",
+                          "/health_generate"] * 3
+        assert f.calls[0][1] == {"mode": "abort"}
+        upd = [b for r, b in f.calls if r == "/update_weights_from_disk"]
+        assert [b["weight_version"] for b in upd] == ["1", "2", "3"]
+        assert upd[2]["model_path"] == str(tmp_path / "v3") and f.weight_version == "3"
+
+
+def test_dead_server_catches_up_when_it_returns(servers, tmp_path):
+    fakes = servers(2)
+    (tmp_path / "w").mkdir()
+    _export([5.0], str(tmp_path / "w"))
+    port = int(fakes[0].url.rsplit(":", 1)[1])
+    fakes[0].stop()
+    with SGLangFleet(_cfg(fakes)) as fleet:
+        fleet.update_weights_from_path(str(tmp_path / "w"), 4)
+        assert fleet.metrics()["sglang/weight_update_failures"] == 1
+        reborn = FakeSGLangServer(port=port)  # restarted with its startup weights
+        try:
+            deadline = time.monotonic() + 5.0
+            while (reborn.weight_version != "4" or not fleet.metrics()["sglang/servers_recovered"]) \
+                    and time.monotonic() < deadline:
+                fleet.generate([[1]], SamplingParams(max_new_tokens=2))
+                time.sleep(0.05)
+            assert reborn.weight_version == "4" and reborn.weights_seed != 0
+            assert fleet.metrics()["sglang/servers_recovered"] >= 1
+        finally:
+            reborn.stop()
+
+
+def test_weight_update_fails_everywhere_raises(servers, tmp_path):
+    fakes = servers(1)
+    with SGLangFleet(_cfg(fakes)) as fleet:
+        with pytest.raises(ValueError, match="not a directory"):
+            fleet.update_weights_from_path(str(tmp_path / "missing"), 1)
+        fakes[0].stop()
+        with pytest.raises(RuntimeError, match="every server"):
+            fleet.update_weights_from_path(str(tmp_path), 1)
+
+
+def test_pause_resume_broadcast(servers):
+    fakes = servers(2)
+    with SGLangFleet(_cfg(fakes)) as fleet:
+        fleet.pause()
+        assert all(f.paused for f in fakes)
+        fleet.resume()
+    for f in fakes:
+        assert f.calls == [("/pause_generation", {"mode": "in_place"}), ("/continue_generation", {})]
+        assert not f.paused
+
+
+def test_api_key_header_sent(servers):
+    fakes = servers(1, api_key="s3cret")
+    with SGLangFleet(_cfg(fakes, api_key="s3cret")) as fleet:
+        fleet.generate([[1]], SamplingParams(max_new_tokens=2))
+    assert fakes[0].auth_headers and set(fakes[0].auth_headers) == {"Bearer s3cret"}
+    with SGLangFleet(_cfg(fakes, api_key="wrong")) as fleet:
+        with pytest.raises(RuntimeError, match="401"):
+            fleet.generate([[1]], SamplingParams(max_new_tokens=2))
+
+
+# ---------------------------------------------------------------- launch helper
+def test_launch_commands():
+    cfg = SGLangLaunchConfig(model_path="/ckpt/m", gpu_ids=(0, 1, 2, 3), tp_size=2, base_port=31000,
+                             api_key="k", router_port=32000)
+    cmds = all_commands(cfg)
+    assert [c.env for c in cmds] == [{"CUDA_VISIBLE_DEVICES": "0,1"}, {"CUDA_VISIBLE_DEVICES": "2,3"}, {}]
+    assert list(cmds[1].argv) == [
+        "python", "-m", "sglang.launch_server", "--model-path", "/ckpt/m", "--host", "127.0.0.1",
+        "--port", "31001", "--tp-size", "2", "--api-key", "k"]
+    assert list(cmds[2].argv) == [
+        "python", "-m", "sglang_router.launch_router", "--worker-urls", "http://127.0.0.1:31000",
+        "http://127.0.0.1:31001", "--host", "127.0.0.1", "--port", "32000"]
+    assert cmds[0].shell().startswith("CUDA_VISIBLE_DEVICES=0,1 python -m sglang.launch_server")
+    assert server_urls(cfg) == ("http://127.0.0.1:31000", "http://127.0.0.1:31001")
+    with pytest.raises(ValueError, match="api_key"):
+        SGLangLaunchConfig(model_path="/m", host="0.0.0.0")
+    with pytest.raises(ValueError, match="tp_size"):
+        SGLangLaunchConfig(model_path="/m", gpu_ids=(0, 1, 2), tp_size=2)
