@@ -1,0 +1,278 @@
+"""Hugging Face checkpoint I/O and weight sync for `Decoder` (safetensors only, never pickles).
+
+ONE name map (`nnx_path_to_hf`) serves import (`from_pretrained`, `load_hf_state_dict`),
+export (`save_pretrained`, `to_hf_state_dict`) and weight sync to HF-layout engines
+(SGLang / vLLM). HF ``nn.Linear`` weights are ``[out, in]``; ours are ``[in, out]``, so
+those entries are transposed; embeddings, ``lm_head`` and norm gains are copied as is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
+
+from entr_jax.model.config import ModelConfig
+from entr_jax.model.decoder import Decoder
+
+# NNX path -> (HF name, transpose). Layer entries are relative to ("layers", i) /
+# "model.layers.{i}.".
+_TOP = {
+    ("embed_tokens", "embedding"): ("model.embed_tokens.weight", False),
+    ("final_norm", "scale"): ("model.norm.weight", False),
+    ("lm_head",): ("lm_head.weight", False),
+}
+_LAYER = {
+    ("input_norm", "scale"): ("input_layernorm.weight", False),
+    ("post_attn_norm", "scale"): ("post_attention_layernorm.weight", False),
+    ("attn", "q_norm", "scale"): ("self_attn.q_norm.weight", False),
+    ("attn", "k_norm", "scale"): ("self_attn.k_norm.weight", False),
+    ("mlp", "gate_proj", "kernel"): ("mlp.gate_proj.weight", True),
+    ("mlp", "up_proj", "kernel"): ("mlp.up_proj.weight", True),
+    ("mlp", "down_proj", "kernel"): ("mlp.down_proj.weight", True),
+}
+for _p in ("q_proj", "k_proj", "v_proj", "o_proj"):
+    _LAYER[("attn", _p, "kernel")] = (f"self_attn.{_p}.weight", True)
+    _LAYER[("attn", _p, "bias")] = (f"self_attn.{_p}.bias", False)
+
+# Tensors found in some HF checkpoints that carry no parameter of ours.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def nnx_path_to_hf(path: tuple) -> tuple[str, bool]:
+    """Maps an NNX parameter path, e.g. ``("layers", 3, "attn", "q_proj", "kernel")``, to
+    ``(HF tensor name, transpose)``, e.g. ``("model.layers.3.self_attn.q_proj.weight", True)``.
+
+    Raises:
+      KeyError: a path that is not a `Decoder` parameter.
+    """
+    path = tuple(path)
+    if path in _TOP:
+        return _TOP[path]
+    if len(path) > 2 and path[0] == "layers" and path[2:] in _LAYER:
+        name, transpose = _LAYER[path[2:]]
+        return f"model.layers.{int(path[1])}.{name}", transpose
+    raise KeyError(f"no HF name for parameter path {path!r}")
+
+
+def _flat_params(obj: Any) -> Iterator[tuple[tuple, Any]]:
+    """(path, leaf) pairs of a Decoder, an ``nnx.State`` or a nested dict of arrays."""
+    if isinstance(obj, nnx.Module):
+        obj = nnx.state(obj, nnx.Param)
+
+    def walk(node, prefix):
+        if isinstance(node, Mapping):
+            for key, child in node.items():
+                yield from walk(child, prefix + (key,))
+        elif node is not None:
+            yield prefix, node
+
+    yield from walk(obj, ())
+
+
+def _array(leaf: Any):
+    return leaf.get_value() if isinstance(leaf, nnx.Variable) else leaf
+
+
+def to_hf_state_dict(params: Decoder | nnx.State | Mapping) -> dict[str, np.ndarray]:
+    """HF-named host arrays (``[out, in]`` Linear weights) of a model's parameters.
+
+    Args:
+      params: a `Decoder`, its ``nnx.State`` (``nnx.state(model, nnx.Param)``, possibly
+        sharded: each array is gathered to the host) or the same as a nested dict.
+    Returns:
+      ``{hf_name: np.ndarray}`` in the parameters' dtype (bf16 as ``ml_dtypes.bfloat16``).
+    """
+    out = {}
+    for path, leaf in _flat_params(params):
+        name, transpose = nnx_path_to_hf(path)
+        arr = np.asarray(jax.device_get(_array(leaf)))
+        out[name] = np.ascontiguousarray(arr.T if transpose else arr)
+    return out
+
+
+def load_hf_state_dict(model: Decoder, tensors: Mapping[str, np.ndarray], *,
+                       strict: bool = True) -> None:
+    """Copies HF-named tensors into ``model``'s parameters in place (weight sync / import).
+
+    Each value is cast to the parameter's dtype and placed with the parameter's current
+    sharding when it has one. ``lm_head.weight`` is ignored for tied-embedding models.
+
+    Raises:
+      KeyError: a tensor the model needs is missing (message names it).
+      ValueError: a tensor has the wrong shape (names it and both shapes), or, with
+        ``strict``, ``tensors`` holds a name the model does not use.
+    """
+    used = set()
+    for path, var in list(nnx.to_flat_state(nnx.state(model, nnx.Param))):
+        name, transpose = nnx_path_to_hf(path)
+        if name not in tensors:
+            raise KeyError(f"tensor {name!r} is missing from the checkpoint")
+        arr = np.asarray(tensors[name])
+        if transpose:
+            arr = arr.T
+        current = var.get_value()
+        if tuple(arr.shape) != tuple(current.shape):
+            want = current.shape[::-1] if transpose else current.shape
+            raise ValueError(
+                f"tensor {name!r} has shape {tuple(np.shape(tensors[name]))}, expected {tuple(want)}"
+            )
+        value = jnp.asarray(arr, dtype=current.dtype)
+        sharding = getattr(current, "sharding", None)
+        if isinstance(sharding, jax.sharding.Sharding):
+            value = jax.device_put(value, sharding)
+        var.set_value(value)
+        used.add(name)
+    if strict:
+        extra = [
+            n for n in tensors
+            if n not in used and not n.endswith(_IGNORED_SUFFIXES)
+            and not (n == "lm_head.weight" and model.config.tie_word_embeddings)
+        ]
+        if extra:
+            raise ValueError(f"unexpected tensors in checkpoint: {sorted(extra)[:8]}")
+
+
+class _LazySafetensors(Mapping):
+    """Read-only ``{name: np.ndarray}`` over one or more safetensors files, loaded on access."""
+
+    def __init__(self, files_by_name: dict[str, str]):
+        self._files_by_name = files_by_name
+        self._handles: dict[str, Any] = {}
+
+    def _handle(self, file):
+        if file not in self._handles:
+            self._handles[file] = _open(file)
+        return self._handles[file]
+
+    def __getitem__(self, name):
+        file = self._files_by_name[name]
+        try:
+            return self._handle(file).get_tensor(name)
+        except SafetensorError as e:
+            raise ValueError(f"{file}: cannot read tensor {name!r}: {e}") from None
+
+    def __iter__(self):
+        return iter(self._files_by_name)
+
+    def __len__(self):
+        return len(self._files_by_name)
+
+
+def _open(file: str):
+    try:
+        return safe_open(file, framework="numpy")
+    except SafetensorError as e:
+        raise ValueError(f"{file}: corrupt safetensors header: {e}") from None
+    except FileNotFoundError:
+        raise FileNotFoundError(f"safetensors file {file!r} listed in the checkpoint is missing") from None
+
+
+def _read_json(file: str, what: str) -> Any:
+    if not os.path.exists(file):
+        raise FileNotFoundError(f"{what} not found: {file}")
+    with open(file) as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{file}: invalid JSON: {e}") from None
+
+
+def read_hf_tensors(path: str) -> Mapping[str, np.ndarray]:
+    """Lazy ``{name: np.ndarray}`` of ``path/model.safetensors`` or the files named by
+    ``path/model.safetensors.index.json`` (``weight_map``). Pickle checkpoints are refused."""
+    index = os.path.join(path, "model.safetensors.index.json")
+    single = os.path.join(path, "model.safetensors")
+    if os.path.exists(index):
+        weight_map = _read_json(index, "safetensors index").get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index}: field 'weight_map' is missing or not an object")
+        return _LazySafetensors({k: os.path.join(path, v) for k, v in weight_map.items()})
+    if os.path.exists(single):
+        return _LazySafetensors({k: single for k in _open(single).keys()})
+    raise FileNotFoundError(
+        f"no model.safetensors or model.safetensors.index.json in {path} "
+        "(pickle checkpoints such as pytorch_model.bin are not loaded)"
+    )
+
+
+def from_pretrained(path: str, *, dtype=jnp.float32, param_dtype=jnp.float32) -> Decoder:
+    """Loads a local HF directory (``config.json`` + safetensors) into a `Decoder`.
+
+    Parameters are created abstractly (no random init) and filled from the files.
+
+    Raises:
+      FileNotFoundError: no config.json / safetensors files.
+      ValueError: unsupported ``architectures`` (or other config field), corrupt safetensors
+        header, wrong tensor shape; KeyError: missing tensor (all name the field / tensor).
+    """
+    config = ModelConfig.from_hf_config(_read_json(os.path.join(path, "config.json"), "config.json"))
+    model = nnx.eval_shape(
+        lambda: Decoder(config, rngs=nnx.Rngs(0), dtype=dtype, param_dtype=param_dtype)
+    )
+    load_hf_state_dict(model, read_hf_tensors(path))
+    return model
+
+
+def _dtype_name(arr: np.ndarray) -> str:
+    return "bfloat16" if arr.dtype.name == "bfloat16" else str(arr.dtype)
+
+
+def save_pretrained(model: Decoder, path: str, *, max_shard_bytes: int = 4 * 2**30) -> list[str]:
+    """Writes ``config.json``, safetensors weights and (when eos ids are known)
+    ``generation_config.json`` into ``path``, loadable by transformers, vLLM and SGLang.
+
+    Weights go to ``model.safetensors``, or, past ``max_shard_bytes``, to
+    ``model-0000k-of-0000n.safetensors`` shards with ``model.safetensors.index.json``.
+    Tied-embedding models write no ``lm_head.weight``. Returns the weight file names.
+    """
+    if max_shard_bytes <= 0:
+        raise ValueError(f"max_shard_bytes must be > 0, got {max_shard_bytes}")
+    os.makedirs(path, exist_ok=True)
+    config = model.config
+    tensors = to_hf_state_dict(model)
+    hf_config = config.to_hf_config()
+    dtype = _dtype_name(tensors["model.embed_tokens.weight"])
+    hf_config["torch_dtype"] = dtype
+    hf_config["dtype"] = dtype
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(hf_config, f, indent=2, sort_keys=True)
+    if config.eos_token_id is not None:
+        gen = {"bos_token_id": hf_config["bos_token_id"], "eos_token_id": hf_config["eos_token_id"]}
+        if config.pad_token_id is not None:
+            gen["pad_token_id"] = hf_config["pad_token_id"]
+        with open(os.path.join(path, "generation_config.json"), "w") as f:
+            json.dump(gen, f, indent=2)
+
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for name in sorted(tensors):
+        nbytes = tensors[name].nbytes
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensors[name]
+        size += nbytes
+    meta = {"format": "pt"}
+    if len(shards) == 1:
+        save_file(shards[0], os.path.join(path, "model.safetensors"), metadata=meta)
+        return ["model.safetensors"]
+    files, weight_map = [], {}
+    for i, shard in enumerate(shards, 1):
+        fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, os.path.join(path, fname), metadata=meta)
+        files.append(fname)
+        weight_map.update({name: fname for name in shard})
+    index = {"metadata": {"total_size": int(sum(t.nbytes for t in tensors.values()))},
+             "weight_map": weight_map}
+    with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+        json.dump(index, f, indent=2, sort_keys=True)
+    return files

@@ -1,0 +1,198 @@
+"""Decoder building blocks: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP, block.
+
+Formulas:
+- RMSNorm (Zhang & Sennrich 2019, eq. 4): ``y = x / sqrt(mean(x**2) + eps) * g``, computed in
+  f32 and cast back to the compute dtype before the gain (as HF Llama/Qwen do).
+- RoPE (Su et al. 2021, RoFormer eq. 34), "rotate-half" layout used by HF:
+  ``x' = x * cos(p * w) + rotate_half(x) * sin(p * w)``, ``w_i = theta ** (-2i / head_dim)``;
+  with Llama 3 scaling the ``w_i`` are rescaled by wavelength band (see `rope_inv_freq`).
+- Attention (Vaswani et al. 2017, eq. 1) with grouped-query heads (Ainslie et al. 2023):
+  query head ``h`` reads kv head ``h // (H / K)``; scores and softmax in f32.
+- SwiGLU MLP (Shazeer 2020, eq. 6): ``down(silu(gate(x)) * up(x))``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from entr_jax.model.config import ModelConfig
+
+_INIT = nnx.initializers.normal(stddev=0.02)
+# Finite "minus infinity" so that a fully masked query row gives a uniform (not NaN) softmax.
+_MASK_VALUE = float(np.finfo(np.float32).min)
+
+
+def _part(init, axes):
+    return nnx.with_partitioning(init, axes, eager_sharding=False)
+
+
+def rope_inv_freq(config: ModelConfig) -> np.ndarray:
+    """Inverse RoPE frequencies ``[head_dim // 2]`` float32 (radians per position).
+
+    Plain: ``w_i = theta ** (-2i / head_dim)``. Llama 3 scaling (Meta Llama 3.1 release): with
+    wavelength ``l_i = 2 pi / w_i``, ``L = original_max_position_embeddings``, bands
+    ``l_i > L / low_freq_factor`` -> ``w_i / factor``; ``l_i < L / high_freq_factor`` -> ``w_i``;
+    in between ``(1 - s) w_i / factor + s w_i`` with
+    ``s = (L / l_i - low_freq_factor) / (high_freq_factor - low_freq_factor)``.
+    """
+    hd = config.head_dim
+    inv = 1.0 / (config.rope_theta ** (np.arange(0, hd, 2, dtype=np.int64).astype(np.float32) / hd))
+    inv = inv.astype(np.float32)
+    rs = config.rope_scaling
+    if rs is None:
+        return inv
+    old = float(rs.original_max_position_embeddings)
+    wavelen = 2 * math.pi / inv
+    scaled = np.where(wavelen > old / rs.low_freq_factor, inv / rs.factor, inv)
+    smooth = (old / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled
+    medium = (wavelen >= old / rs.high_freq_factor) & (wavelen <= old / rs.low_freq_factor)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+    """Rotates ``x [B, S, N, hd]`` by ``positions [B, S]`` (int); math in f32, returns x.dtype."""
+    angles = positions.astype(jnp.float32)[:, :, None] * jnp.asarray(inv_freq)[None, None, :]
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, S, 1, hd]
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    xf = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
+    return (xf * cos + rotated * sin).astype(x.dtype)
+
+
+class RMSNorm(nnx.Module):
+    """RMSNorm over the last axis; parameter ``scale [dim]`` (init ones)."""
+
+    def __init__(self, dim: int, eps: float, axis_name: str, *, dtype, param_dtype):
+        self.eps = eps
+        self.dtype = dtype
+        self.scale = nnx.Param(
+            jnp.ones((dim,), param_dtype), out_sharding=(axis_name,), eager_sharding=False
+        )
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        xf = x.astype(jnp.float32)
+        normed = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        scale = self.scale[...].astype(self.dtype).reshape((1,) * (x.ndim - 1) + (-1,))
+        return normed.astype(self.dtype) * scale
+
+
+def _linear(din, dout, axes, bias, rngs, dtype, param_dtype):
+    return nnx.Linear(
+        din, dout, use_bias=bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
+        kernel_init=_part(_INIT, axes),
+        bias_init=_part(nnx.initializers.zeros_init(), axes[1:]),
+    )
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dtype) -> jax.Array:
+    """Grouped-query softmax attention.
+
+    Args:
+      q: ``[B, S, H, hd]``; k, v: ``[B, T, K, hd]`` with ``H % K == 0``.
+      mask: ``[B, S, T]`` bool, True where query s may read key t.
+    Returns:
+      ``[B, S, H * hd]`` in ``dtype``.
+    """
+    b, s, h, hd = q.shape
+    kv = k.shape[2]
+    qg = q.reshape(b, s, kv, h // kv, hd)
+    scores = jnp.einsum("bskgd,btkd->bkgst", qg, k.astype(q.dtype),
+                        preferred_element_type=jnp.float32) * (1.0 / math.sqrt(hd))
+    scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+    out = jnp.einsum("bkgst,btkd->bskgd", probs, v.astype(dtype))
+    return out.reshape(b, s, h * hd)
+
+
+class Attention(nnx.Module):
+    """Self-attention with RoPE, GQA, optional q/k/v bias (qwen2/llama) and q/k norm (qwen3)."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
+        c = config
+        d, h, k, hd = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
+        self.config = c
+        self.num_heads, self.num_kv_heads, self.head_dim, self.dtype = h, k, hd, dtype
+        bias = c.attention_bias
+        self.q_proj = _linear(d, h * hd, ("embed", "heads"), bias, rngs, dtype, param_dtype)
+        self.k_proj = _linear(d, k * hd, ("embed", "kv_heads"), bias, rngs, dtype, param_dtype)
+        self.v_proj = _linear(d, k * hd, ("embed", "kv_heads"), bias, rngs, dtype, param_dtype)
+        o_bias = bias and c.architecture == "llama"
+        self.o_proj = _linear(h * hd, d, ("heads", "embed"), o_bias, rngs, dtype, param_dtype)
+        if c.qk_norm:
+            self.q_norm = RMSNorm(hd, c.rms_norm_eps, "head_dim", dtype=dtype, param_dtype=param_dtype)
+            self.k_norm = RMSNorm(hd, c.rms_norm_eps, "head_dim", dtype=dtype, param_dtype=param_dtype)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def qkv(self, x: jax.Array, positions: jax.Array):
+        """Projects ``x [B, S, D]`` to RoPE'd ``q [B,S,H,hd]`` and ``k, v [B,S,K,hd]``."""
+        b, s, _ = x.shape
+        q = self.q_proj(x).reshape(b, s, self.num_heads, self.head_dim)
+        k = self.k_proj(x).reshape(b, s, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).reshape(b, s, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        inv_freq = rope_inv_freq(self.config)
+        return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
+
+    def __call__(self, x, positions, mask):
+        """Full-sequence attention: ``x [B,L,D]``, ``positions [B,L]``, ``mask [B,L,L]``."""
+        q, k, v = self.qkv(x, positions)
+        return self.o_proj(attend(q, k, v, mask, self.dtype))
+
+    def decode(self, x, positions, cache_k, cache_v):
+        """Writes the new K/V at slot = position, attends to slots ``<= position``.
+
+        ``x [B,S,D]``, ``positions [B,S]`` int32, ``cache_k/v [B,M,K,hd]``; returns
+        ``(out [B,S,D], cache_k, cache_v)``. Positions ``>= M`` are dropped from the write.
+        """
+        q, k, v = self.qkv(x, positions)
+        rows = jnp.arange(x.shape[0], dtype=jnp.int32)[:, None]
+        rows = jnp.broadcast_to(rows, positions.shape)
+        cache_k = cache_k.at[rows, positions].set(k.astype(cache_k.dtype), mode="drop")
+        cache_v = cache_v.at[rows, positions].set(v.astype(cache_v.dtype), mode="drop")
+        slots = jnp.arange(cache_k.shape[1], dtype=jnp.int32)
+        mask = slots[None, None, :] <= positions[:, :, None]
+        out = self.o_proj(attend(q, cache_k, cache_v, mask, self.dtype))
+        return out, cache_k, cache_v
+
+
+class MLP(nnx.Module):
+    """SwiGLU: ``down_proj(silu(gate_proj(x)) * up_proj(x))``, no biases."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
+        d, i = config.hidden_size, config.intermediate_size
+        self.gate_proj = _linear(d, i, ("embed", "mlp"), False, rngs, dtype, param_dtype)
+        self.up_proj = _linear(d, i, ("embed", "mlp"), False, rngs, dtype, param_dtype)
+        self.down_proj = _linear(i, d, ("mlp", "embed"), False, rngs, dtype, param_dtype)
+
+    def __call__(self, x):
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nnx.Module):
+    """Pre-norm decoder block: ``h = x + attn(norm1(x)); y = h + mlp(norm2(h))``."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
+        eps = config.rms_norm_eps
+        kw = dict(dtype=dtype, param_dtype=param_dtype)
+        self.input_norm = RMSNorm(config.hidden_size, eps, "norm", **kw)
+        self.attn = Attention(config, rngs=rngs, **kw)
+        self.post_attn_norm = RMSNorm(config.hidden_size, eps, "norm", **kw)
+        self.mlp = MLP(config, rngs=rngs, **kw)
+
+    def __call__(self, x, positions, mask):
+        h = x + self.attn(self.input_norm(x), positions, mask)
+        return h + self.mlp(self.post_attn_norm(h))
+
+    def decode(self, x, positions, cache_k, cache_v):
+        a, cache_k, cache_v = self.attn.decode(self.input_norm(x), positions, cache_k, cache_v)
+        h = x + a
+        return h + self.mlp(self.post_attn_norm(h)), cache_k, cache_v
