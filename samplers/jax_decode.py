@@ -1,0 +1,168 @@
+"""The jitted pieces of `JaxSampler`: prefill, a chunk of KV-cache decode steps, and the
+KV-cache recomputation used after a weight swap.
+
+Shapes (all static per compilation, chosen from buckets by `JaxSampler`): ``B`` rows
+(batch bucket), ``P`` prompt slots (prompt bucket), ``N`` response slots (new-token
+bucket), ``M = P + N`` cache slots, ``V`` vocabulary. Prompts are right-padded: row ``b``
+holds its prompt at ``[0, len_b)``. Response token ``t`` (``t = 0, 1, ...``; "decode step
+t") of row ``b`` sits at position ``len_b + t``. Step 0 is sampled from the prefill
+logits at position ``len_b - 1``; step ``t >= 1`` feeds token ``t - 1`` at position
+``len_b + t - 1``. Everything that varies per request (lengths, sampling parameters, seed,
+stop set, max new tokens, weight version, the weights themselves) is a traced argument, so
+nothing recompiles inside a bucket.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from entr_jax.model.decoder import KVCache, init_cache
+from samplers.jax_sampling import sample_tokens
+
+Array = jax.Array
+
+
+@struct.dataclass
+class SamplingArgs:
+    """Traced per-call sampling inputs.
+
+    Attributes:
+      temperature, top_p, min_p: f32 scalars; top_k: int32 scalar (-1 = off).
+      stop_mask: ``[V]`` bool, true on stop token ids.
+      max_new_tokens: int32 scalar (<= N).
+      seed: uint32 scalar (``SamplingParams.seed mod 2**32``).
+    """
+
+    temperature: Array
+    top_k: Array
+    top_p: Array
+    min_p: Array
+    stop_mask: Array
+    max_new_tokens: Array
+    seed: Array
+
+
+@struct.dataclass
+class DecodeState:
+    """Loop carry of one device batch.
+
+    Attributes:
+      cache: `KVCache` of ``[B, M, K, head_dim]`` per layer.
+      step: int32 scalar, index of the next response token to sample.
+      last: ``[B]`` int32, the most recently sampled token (fed at the next step).
+      done: ``[B]`` bool, row finished (stop token or budget) or a padding row.
+      tokens: ``[B, N]`` int32 response tokens; logp_mu, entropy_mu: ``[B, N]`` f32;
+      token_version: ``[B, N]`` int32 (entries past a row's end are meaningless).
+    """
+
+    cache: KVCache
+    step: Array
+    last: Array
+    done: Array
+    tokens: Array
+    logp_mu: Array
+    entropy_mu: Array
+    token_version: Array
+
+
+def _row_keys(seed: Array, row_ids: Array, step: Array) -> Array:
+    """``[B]`` keys ``fold_in(fold_in(fold_in(key(seed), prompt_index), sample_index), step)``."""
+    base = jax.random.key(seed)
+
+    def one(ids):
+        k = jax.random.fold_in(jax.random.fold_in(base, ids[0]), ids[1])
+        return jax.random.fold_in(k, step)
+
+    return jax.vmap(one)(row_ids)
+
+
+def _record(state: DecodeState, logits_BV, row_ids, args: SamplingArgs, version, filtered):
+    """Samples response token ``state.step`` for every row and writes it into the buffers."""
+    keys = _row_keys(args.seed, row_ids, state.step)
+    tok, logp, ent = sample_tokens(
+        logits_BV, keys, args.temperature, args.top_k, args.top_p, args.min_p,
+        filtered=filtered,
+    )
+    col = state.step
+    live = ~state.done
+    finished = args.stop_mask[tok] | (col + 1 >= args.max_new_tokens)
+    return state.replace(
+        step=col + 1,
+        last=tok,
+        done=state.done | (live & finished),
+        tokens=state.tokens.at[:, col].set(tok),
+        logp_mu=state.logp_mu.at[:, col].set(logp),
+        entropy_mu=state.entropy_mu.at[:, col].set(ent),
+        token_version=state.token_version.at[:, col].set(version),
+    )
+
+
+def prefill(graphdef, params, prompts, lens, pad_rows, row_ids, args: SamplingArgs, version,
+            *, max_new_bucket: int, cache_dtype: Any, filtered: bool) -> DecodeState:
+    """Runs the prompt through the model and samples response token 0.
+
+    Args:
+      graphdef: static NNX graph of the `Decoder` (closed over by the jit wrapper).
+      params: the NNX ``State`` of its parameters.
+      prompts: ``[B, P]`` int32 right-padded prompts; lens: ``[B]`` int32 in ``[1, P]``.
+      pad_rows: ``[B]`` bool, true on rows that only fill the batch bucket (born done).
+      row_ids: ``[B, 2]`` int32 (prompt index, sample index) of each row, for its key.
+      args: `SamplingArgs`; version: int32 scalar stored in ``token_version``.
+      max_new_bucket: N; cache_dtype: dtype of the KV cache; filtered: static filter flag.
+    Returns:
+      `DecodeState` with ``step = 1``.
+    """
+    model = nnx.merge(graphdef, params)
+    b, p = prompts.shape
+    cache = init_cache(model.config, b, p + max_new_bucket, cache_dtype)
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32)[None, :], (b, p))
+    logits, cache = model.decode(prompts, positions, cache)
+    last_logits = jnp.take_along_axis(logits, (lens - 1)[:, None, None], axis=1)[:, 0]
+    shape = (b, max_new_bucket)
+    state = DecodeState(
+        cache=cache, step=jnp.int32(0), last=jnp.zeros((b,), jnp.int32), done=pad_rows,
+        tokens=jnp.zeros(shape, jnp.int32), logp_mu=jnp.zeros(shape, jnp.float32),
+        entropy_mu=jnp.zeros(shape, jnp.float32), token_version=jnp.zeros(shape, jnp.int32),
+    )
+    return _record(state, last_logits, row_ids, args, version, filtered)
+
+
+def decode_chunk(graphdef, params, state: DecodeState, lens, row_ids, args: SamplingArgs,
+                 version, end_step, *, filtered: bool) -> DecodeState:
+    """Decode steps ``state.step, ..., end_step - 1`` in a ``lax.while_loop``, stopping as
+    soon as every row is done. ``end_step`` is traced (no recompile per chunk length)."""
+    model = nnx.merge(graphdef, params)
+
+    def cond(s: DecodeState):
+        return (s.step < end_step) & ~jnp.all(s.done)
+
+    def body(s: DecodeState):
+        positions = (lens + s.step - 1)[:, None]
+        logits, cache = model.decode(s.last[:, None], positions, s.cache)
+        return _record(s.replace(cache=cache), logits[:, 0], row_ids, args, version, filtered)
+
+    return jax.lax.while_loop(cond, body, state)
+
+
+def recompute_cache(graphdef, params, state: DecodeState, prompts, lens) -> DecodeState:
+    """Rebuilds the whole KV cache under ``params`` from the prompt and the response tokens
+    so far (after an in-flight weight swap), so later tokens are exactly those weights'
+    conditionals. Slots past a row's current length get harmless values that are never
+    attended before being overwritten."""
+    model = nnx.merge(graphdef, params)
+    b, p = prompts.shape
+    m = state.cache.max_len
+    n = state.tokens.shape[1]
+    seq = jnp.zeros((b, m), jnp.int32).at[:, :p].set(prompts)
+    cols = jnp.arange(n, dtype=jnp.int32)[None, :]
+    target = jnp.where(cols < state.step, lens[:, None] + cols, m)  # m: dropped
+    rows = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], (b, n))
+    seq = seq.at[rows, target].set(state.tokens, mode="drop")
+    positions = jnp.broadcast_to(jnp.arange(m, dtype=jnp.int32)[None, :], (b, m))
+    cache = jax.tree.map(jnp.zeros_like, state.cache)
+    _, cache = model.decode(seq, positions, cache)
+    return state.replace(cache=cache)

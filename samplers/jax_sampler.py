@@ -1,0 +1,362 @@
+"""`JaxSampler`: the embedded JAX sampler (batched prefill + KV-cache decode, in-flight
+weight swaps), implementing `entr_jax.interfaces.Sampler`.
+
+Design (see also `samplers.jax_decode` and `samplers.jax_sampling`):
+
+* **Bucketed static shapes.** The ``R = num_prompts * num_samples`` requests are sorted by
+  prompt length and cut into device batches of at most ``max_batch_size`` rows. Each batch
+  is padded to a batch bucket (powers of two up to ``max_batch_size``), its prompts to a
+  prompt bucket (powers of two, at least ``min_prompt_bucket``) and the response budget to
+  a new-token bucket (powers of two), with ``cache slots = prompt bucket + new-token
+  bucket``. One compilation per (bucket triple, filtering on/off); sampling parameters,
+  seeds, stop sets, lengths and weights are traced arguments.
+* **Decode loop.** A Python loop over *chunks*; each chunk is one jitted
+  ``lax.while_loop`` of up to ``steps_per_call`` decode steps that exits as soon as every
+  row is done (so generation stops early). Chunk boundaries are where weights are swapped
+  and where `pause` holds; ``steps_per_call = 1`` gives per-step boundaries.
+* **Determinism.** Response token ``t`` of sample ``j`` of prompt ``i`` is drawn with the key
+  ``fold_in(fold_in(fold_in(key(seed mod 2**32), i), j), t)`` (``i`` = index in the
+  ``prompts`` argument). Its Gumbel noise therefore does not depend on the batch
+  composition, the sort, or bucket padding; the logits may differ in the last bits across
+  bucket shapes (different reduction shapes), which only matters at exact ties.
+* **Behavior statistics.** ``logp_mu``/``entropy_mu`` are the log-prob of the token and the
+  entropy of the tempered, filtered, renormalised distribution sampled from, in f32 (see
+  `samplers.jax_sampling`). The logits are computed in the compute ``dtype``: sampling in
+  bf16 against an f32 learner is a real train/inference mismatch, recorded in ``logp_mu``.
+  Parameters are stored cast to the compute dtype (the model casts them there anyway).
+* **Weight versions.** Every token records the version of the weights whose forward pass
+  produced its distribution (``token_version``). ``weight_schedule=[(s, params, version),
+  ...]`` switches weights at decode step ``s`` of every device batch (tokens ``t < s`` old,
+  ``t >= s`` new; the simulated staleness mode), without changing the installed weights.
+  `update_weights` from another thread while `generate` runs takes effect at the next chunk
+  boundary (async mode). After a swap the KV cache is recomputed under the new weights
+  when ``recompute_kv_on_swap`` (default), so each token is exactly its version's
+  conditional; otherwise the stale cache is kept, as inference engines do in-flight, and
+  ``logp_mu`` is that of the mixed computation that actually sampled the token.
+* **Multi-turn.** A prompt is any token sequence (earlier turns + environment tokens), so
+  continuing a conversation is `generate` on the extended context (no prefix-cache reuse).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import threading
+import time
+from typing import Any, Literal, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from entr_jax.interfaces import SamplingParams
+from entr_jax.model.decoder import Decoder
+from entr_jax.types import Generation
+from samplers import jax_decode
+
+__all__ = ["JaxSampler", "JaxSamplerConfig"]
+
+
+def _pow2_at_least(n: int, floor: int = 1) -> int:
+    return max(floor, 1 << max(0, int(n) - 1).bit_length())
+
+
+@dataclasses.dataclass(frozen=True)
+class JaxSamplerConfig:
+    """Static settings of a `JaxSampler`.
+
+    Attributes:
+      max_batch_size: most rows per device batch (>= 1); batch buckets are the powers of two
+        below it, and it itself.
+      min_prompt_bucket: smallest prompt bucket (tokens, >= 1).
+      max_prompt_len: longest accepted prompt (tokens); longer prompts raise ValueError.
+      steps_per_call: decode steps per jitted chunk (>= 1): the granularity of weight swaps,
+        `pause` and host synchronisation.
+      dtype: compute dtype of the model and the KV cache, ``"float32"`` or ``"bfloat16"``.
+      recompute_kv_on_swap: rebuild the KV cache under the new weights after a swap.
+    """
+
+    max_batch_size: int = 64
+    min_prompt_bucket: int = 16
+    max_prompt_len: int = 4096
+    steps_per_call: int = 8
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    recompute_kv_on_swap: bool = True
+
+    def __post_init__(self):
+        for name in ("max_batch_size", "min_prompt_bucket", "max_prompt_len", "steps_per_call"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"JaxSamplerConfig.{name} must be an int >= 1, got {value!r}")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"JaxSamplerConfig.dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+
+
+class JaxSampler:
+    """Embedded sampler over an `entr_jax.model.Decoder` (see the module docstring).
+
+    Args:
+      model: a `Decoder` whose config and parameters are used (its own dtype is ignored:
+        the sampler computes in ``config.dtype``).
+      version: policy version of ``model``'s weights.
+      config: `JaxSamplerConfig`.
+
+    Attributes:
+      stats: cumulative counters: ``tokens_generated`` (returned response tokens),
+        ``decode_steps`` (executed batched decode steps, prefill excluded), ``prefills``,
+        ``weight_swaps``, ``prefill_time_s`` and ``decode_time_s`` (wall seconds).
+      last_stats: the same counters for the latest `generate` call.
+    """
+
+    def __init__(self, model: Decoder, *, version: int = 0,
+                 config: JaxSamplerConfig = JaxSamplerConfig()):
+        if not isinstance(model, Decoder):
+            raise TypeError(f"model must be an entr_jax.model.Decoder, got {type(model).__name__}")
+        self.config = config
+        self.model_config = model.config
+        self._dtype = jnp.dtype(config.dtype)
+        abstract = nnx.eval_shape(
+            lambda: Decoder(model.config, rngs=nnx.Rngs(0), dtype=self._dtype,
+                            param_dtype=self._dtype)
+        )
+        self._graphdef, self._abstract_params = nnx.split(abstract)
+        self._lock = threading.Lock()
+        self._installed: tuple[Any, int] = (self._cast(nnx.state(model)), int(version))
+        self._install_seq = 0
+        self._running = threading.Event()
+        self._running.set()
+        self._held = threading.Event()
+        self._traces = {"prefill": 0, "decode_chunk": 0, "recompute_cache": 0}
+        gd = self._graphdef
+
+        def counted(name, fn):
+            def wrapped(*args, **kwargs):
+                self._traces[name] += 1  # runs once per trace, i.e. per compilation
+                return fn(gd, *args, **kwargs)
+            return functools.wraps(fn)(wrapped)
+
+        self._prefill = jax.jit(counted("prefill", jax_decode.prefill),
+                                static_argnames=("max_new_bucket", "cache_dtype", "filtered"))
+        self._decode_chunk = jax.jit(counted("decode_chunk", jax_decode.decode_chunk),
+                                     static_argnames=("filtered",), donate_argnums=(1,))
+        self._recompute = jax.jit(counted("recompute_cache", jax_decode.recompute_cache),
+                                  donate_argnums=(1,))
+        self.stats = self._zero_stats()
+        self.last_stats = self._zero_stats()
+
+    # ----------------------------------------------------------------- weights, pause
+    @staticmethod
+    def _zero_stats() -> dict[str, float]:
+        return dict(tokens_generated=0, decode_steps=0, prefills=0, weight_swaps=0,
+                    prefill_time_s=0.0, decode_time_s=0.0)
+
+    @property
+    def num_traces(self) -> dict[str, int]:
+        """Compilations so far per jitted function (one trace per jit cache miss)."""
+        return dict(self._traces)
+
+    @property
+    def version(self) -> int:
+        """Version of the installed weights."""
+        return self._installed[1]
+
+    def _cast(self, params: Any) -> Any:
+        if isinstance(params, Decoder):
+            params = nnx.state(params)
+        if not isinstance(params, nnx.State):
+            raise TypeError(f"params must be an nnx.State or a Decoder, got {type(params).__name__}")
+        try:
+            jax.tree.map(lambda a, b: None, self._abstract_params, params)
+        except ValueError as e:
+            raise ValueError(f"params do not match the sampler's Decoder structure: {e}") from None
+        for a, b in zip(jax.tree.leaves(self._abstract_params), jax.tree.leaves(params)):
+            if a.shape != b.shape:
+                raise ValueError(f"params leaf shape {b.shape} != expected {a.shape}")
+        return jax.tree.map(lambda x: jnp.asarray(x, self._dtype), params)
+
+    def update_weights(self, params: Any, version: int) -> None:
+        """Installs ``params`` (an ``nnx.State`` of a `Decoder`, or the `Decoder`) as
+        ``version``. Thread-safe; a running `generate` switches at its next chunk boundary.
+
+        Raises:
+          TypeError / ValueError: params of the wrong type or structure.
+        """
+        cast = self._cast(params)
+        with self._lock:
+            self._installed = (cast, int(version))
+            self._install_seq += 1
+
+    def pause(self) -> None:
+        """Holds running and future generation before their next chunk of decode steps."""
+        self._running.clear()
+
+    def resume(self) -> None:
+        """Undoes `pause`."""
+        self._held.clear()
+        self._running.set()
+
+    def wait_until_held(self, timeout: float | None = None) -> bool:
+        """After `pause`: blocks until a running `generate` is held at a boundary (True), or
+        ``timeout`` seconds pass (False)."""
+        return self._held.wait(timeout)
+
+    def _hold_if_paused(self) -> None:
+        if not self._running.is_set():
+            self._held.set()
+            self._running.wait()
+            self._held.clear()
+
+    # ----------------------------------------------------------------- generate
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 num_samples: int = 1, *,
+                 weight_schedule: Sequence[tuple[int, Any, int]] | None = None,
+                 ) -> list[list[Generation]]:
+        """Samples ``num_samples`` continuations of every prompt.
+
+        Args:
+          prompts: token id sequences (each non-empty, ids in ``[0, vocab_size)``, at most
+            ``config.max_prompt_len`` long); any context, e.g. earlier turns.
+          params: `SamplingParams`.
+          num_samples: G >= 1 samples per prompt.
+          weight_schedule: optional ``(decode_step, params, version)`` triples, strictly
+            increasing steps >= 0: from that response token index on (in every device
+            batch) the given weights are used. The installed weights are not changed.
+        Returns:
+          ``[len(prompts)][num_samples]`` `Generation`s, in prompt order.
+        Raises:
+          ValueError: bad prompts, ``num_samples`` or schedule (the message names it).
+        """
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        prompt_arrays = [self._check_prompt(i, p) for i, p in enumerate(prompts)]
+        schedule = self._check_schedule(weight_schedule)
+        args, filtered, new_bucket = self._sampling_args(params)
+        requests = [(i, j) for i in range(len(prompt_arrays)) for j in range(num_samples)]
+        requests.sort(key=lambda r: len(prompt_arrays[r[0]]))
+        self.last_stats = self._zero_stats()
+        out: list[list[Generation | None]] = [[None] * num_samples for _ in prompt_arrays]
+        for start in range(0, len(requests), self.config.max_batch_size):
+            chunk = requests[start:start + self.config.max_batch_size]
+            gens = self._run_batch([prompt_arrays[i] for i, _ in chunk], chunk, params, args,
+                                   filtered, new_bucket, schedule)
+            for (i, j), gen in zip(chunk, gens):
+                out[i][j] = gen
+        for key, value in self.last_stats.items():
+            self.stats[key] += value
+        return out  # type: ignore[return-value]
+
+    def _check_prompt(self, i: int, prompt: Sequence[int]) -> np.ndarray:
+        arr = np.asarray(prompt)
+        if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"prompts[{i}] must be a non-empty 1-D sequence of ints, got {prompt!r:.80}")
+        if arr.size > self.config.max_prompt_len:
+            raise ValueError(f"prompts[{i}] has {arr.size} tokens > max_prompt_len {self.config.max_prompt_len}")
+        if arr.min() < 0 or arr.max() >= self.model_config.vocab_size:
+            raise ValueError(f"prompts[{i}] has token ids outside [0, {self.model_config.vocab_size})")
+        return arr.astype(np.int32)
+
+    def _check_schedule(self, schedule) -> list[tuple[int, Any, int]]:
+        if not schedule:
+            return []
+        out, previous = [], -1
+        for n, entry in enumerate(schedule):
+            if len(entry) != 3:
+                raise ValueError(f"weight_schedule[{n}] must be (decode_step, params, version)")
+            step, params, version = entry
+            if not isinstance(step, (int, np.integer)) or step <= previous:
+                raise ValueError(f"weight_schedule[{n}] step {step!r} must be an int > {previous}")
+            previous = int(step)
+            out.append((int(step), self._cast(params), int(version)))
+        return out
+
+    def _sampling_args(self, p: SamplingParams):
+        vocab = self.model_config.vocab_size
+        stop = np.zeros((vocab,), bool)
+        for t in p.stop_token_ids:
+            if not 0 <= t < vocab:
+                raise ValueError(f"SamplingParams.stop_token_ids has id {t} outside [0, {vocab})")
+            stop[t] = True
+        args = jax_decode.SamplingArgs(
+            temperature=jnp.float32(p.temperature), top_k=jnp.int32(p.top_k),
+            top_p=jnp.float32(p.top_p), min_p=jnp.float32(p.min_p), stop_mask=jnp.asarray(stop),
+            max_new_tokens=jnp.int32(p.max_new_tokens), seed=jnp.uint32(p.seed % 2**32),
+        )
+        filtered = p.top_k != -1 or p.top_p < 1.0 or p.min_p > 0.0
+        return args, filtered, _pow2_at_least(p.max_new_tokens)
+
+    def _run_batch(self, prompts, request_ids, params: SamplingParams, args, filtered,
+                   new_bucket, schedule) -> list[Generation]:
+        cfg = self.config
+        rows = len(prompts)
+        batch = min(_pow2_at_least(rows), cfg.max_batch_size)
+        p_bucket = _pow2_at_least(max(len(p) for p in prompts), cfg.min_prompt_bucket)
+        tokens = np.zeros((batch, p_bucket), np.int32)
+        lens = np.ones((batch,), np.int32)
+        for r, p in enumerate(prompts):
+            tokens[r, :len(p)] = p
+            lens[r] = len(p)
+        row_ids = np.zeros((batch, 2), np.int32)
+        row_ids[:rows] = np.asarray(request_ids, np.int32)
+        pad_rows = np.arange(batch) >= rows
+        tokens, lens, row_ids = jnp.asarray(tokens), jnp.asarray(lens), jnp.asarray(row_ids)
+
+        with self._lock:
+            weights, version = self._installed
+            seen_seq = self._install_seq
+        pending = list(schedule)
+        while pending and pending[0][0] <= 0:
+            _, weights, version = pending.pop(0)
+        self._hold_if_paused()
+        t0 = time.perf_counter()
+        state = self._prefill(weights, tokens, lens, jnp.asarray(pad_rows), row_ids, args,
+                              jnp.int32(version), max_new_bucket=new_bucket,
+                              cache_dtype=self._dtype, filtered=filtered)
+        step, all_done = int(state.step), bool(jnp.all(state.done))
+        self.last_stats["prefill_time_s"] += time.perf_counter() - t0
+        self.last_stats["prefills"] += 1
+        t0 = time.perf_counter()
+        while step < params.max_new_tokens and not all_done:
+            self._hold_if_paused()
+            swapped = False
+            with self._lock:
+                if self._install_seq != seen_seq:
+                    weights, version = self._installed
+                    seen_seq, swapped = self._install_seq, True
+            while pending and pending[0][0] <= step:
+                _, weights, version = pending.pop(0)
+                swapped = True
+            if swapped:
+                self.last_stats["weight_swaps"] += 1
+                if cfg.recompute_kv_on_swap:
+                    state = self._recompute(weights, state, tokens, lens)
+            end = min(step + cfg.steps_per_call, params.max_new_tokens)
+            if pending:
+                end = min(end, pending[0][0])
+            state = self._decode_chunk(weights, state, lens, row_ids, args, jnp.int32(version),
+                                       jnp.int32(end), filtered=filtered)
+            new_step, all_done = int(state.step), bool(jnp.all(state.done))
+            self.last_stats["decode_steps"] += new_step - step
+            step = new_step
+        self.last_stats["decode_time_s"] += time.perf_counter() - t0
+        return self._to_generations(prompts, state, params)
+
+    def _to_generations(self, prompts, state, params: SamplingParams) -> list[Generation]:
+        tok, logp, ent, ver = jax.device_get(
+            (state.tokens, state.logp_mu, state.entropy_mu, state.token_version))
+        stop = np.zeros((self.model_config.vocab_size,), bool)
+        stop[list(params.stop_token_ids)] = True
+        gens = []
+        for r, prompt in enumerate(prompts):
+            budget = params.max_new_tokens
+            hits = np.flatnonzero(stop[tok[r, :budget]])
+            n = int(hits[0]) + 1 if hits.size else budget
+            gens.append(Generation(
+                prompt_ids=prompt, response_ids=tok[r, :n].copy(), logp_mu=logp[r, :n].copy(),
+                entropy_mu=ent[r, :n].copy(), token_version=ver[r, :n].copy(),
+                finish_reason="stop" if hits.size else "length",
+            ))
+            self.last_stats["tokens_generated"] += n
+        return gens

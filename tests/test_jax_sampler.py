@@ -1,0 +1,324 @@
+"""Tests for samplers.jax_sampler / jax_decode / jax_sampling on a tiny random Qwen2 model.
+
+References: the learner's full-forward log-probs (`entr_jax.logprobs.token_logprobs_entropy`)
+and float64 numpy re-implementations of the filters. Tolerance 1e-5 for f32 (design.md).
+One sampler (and so one set of compiled functions) is shared by the module; its shapes stay
+in the buckets (batch 8, prompt 8 or 16, new tokens 8) to keep compilations few.
+"""
+
+import dataclasses
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from entr_jax.interfaces import Sampler, SamplingParams
+from entr_jax.logprobs import token_logprobs_entropy
+from entr_jax.model import Decoder, ModelConfig
+from samplers.jax_sampler import JaxSampler, JaxSamplerConfig
+from samplers.jax_sampling import sample_tokens
+
+TOL = 1e-5
+V = 97
+CFG = ModelConfig(architecture="qwen2", vocab_size=V, hidden_size=32, intermediate_size=48,
+                  num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, attention_bias=True)
+PROMPTS = [[5, 17, 3], [60, 2, 2, 9, 41], [88, 1, 7, 7, 30, 12, 4], [11, 50, 23, 96]]
+
+
+def make_model(seed: int) -> Decoder:
+    """Random Decoder whose unembedding is scaled up so distributions are peaked (logit std
+    ~4), which makes top-p / min-p / stop tokens bite."""
+    model = Decoder(CFG, rngs=nnx.Rngs(seed))
+    model.lm_head.value = model.lm_head.value * 40.0
+    return model
+
+
+@pytest.fixture(scope="module")
+def models():
+    return make_model(0), make_model(1), make_model(2)
+
+
+@pytest.fixture(scope="module")
+def sampler(models):
+    cfg = JaxSamplerConfig(max_batch_size=8, min_prompt_bucket=8, steps_per_call=3)
+    return JaxSampler(models[0], version=0, config=cfg)
+
+
+L_PAD, ROWS = 24, 8  # learner batches: every prompt + response fits in 24 tokens
+
+
+@nnx.jit
+def _learner_forward(model, tokens, mask):
+    logp, ent = token_logprobs_entropy(model, tokens, mask)
+    return logp, ent, model(tokens, mask)
+
+
+def learner_view(model, gens):
+    """The learner's view of every response token, from one padded, jitted full forward per
+    8 generations: per generation ``(logp [R], entropy [R], logits [R, V] float64)``."""
+    out = []
+    for start in range(0, len(gens), ROWS):
+        chunk = gens[start:start + ROWS]
+        tokens = np.zeros((ROWS, L_PAD), np.int32)
+        mask = np.zeros((ROWS, L_PAD), bool)
+        for r, g in enumerate(chunk):
+            seq = np.concatenate([g.prompt_ids, g.response_ids])
+            tokens[r, :len(seq)], mask[r, :len(seq)] = seq, True
+        logp, ent, logits = jax.device_get(_learner_forward(model, tokens, mask))
+        for r, g in enumerate(chunk):
+            s, n = len(g.prompt_ids) - 1, len(g.response_ids)
+            out.append((logp[r, s:s + n], ent[r, s:s + n],
+                        logits[r, s:s + n].astype(np.float64)))
+    return out
+
+
+def flat(out):
+    return [g for row in out for g in row]
+
+
+def test_implements_protocol(sampler):
+    assert isinstance(sampler, Sampler)
+
+
+def test_logp_entropy_match_learner_unfiltered(sampler, models):
+    params = SamplingParams(max_new_tokens=8, seed=3)
+    out = sampler.generate(PROMPTS, params, num_samples=2)
+    assert [len(row) for row in out] == [2] * len(PROMPTS)
+    views = iter(learner_view(models[0], flat(out)))
+    for i, row in enumerate(out):
+        for g in row:
+            np.testing.assert_array_equal(g.prompt_ids, PROMPTS[i])
+            assert len(g.response_ids) == 8 and g.finish_reason == "length"
+            logp, ent, _ = next(views)
+            np.testing.assert_allclose(g.logp_mu, logp, atol=TOL, rtol=TOL)
+            np.testing.assert_allclose(g.entropy_mu, ent, atol=TOL, rtol=TOL)
+            np.testing.assert_array_equal(g.token_version, np.zeros(8, np.int32))
+    assert sampler.last_stats["tokens_generated"] == 64
+    assert sampler.last_stats["prefills"] == 1 and sampler.last_stats["decode_steps"] == 7
+
+
+def reference_filter(z, top_k, top_p, min_p):
+    """float64 keep-mask over one row of tempered logits: top-k, then top-p on the
+    renormalised top-k distribution, then min-p (written independently)."""
+    order = np.argsort(-z, kind="stable")
+    keep = np.zeros(z.shape, bool)
+    kept = order[:top_k] if top_k > 0 else order
+    p = np.exp(z[kept] - z[kept].max())
+    p /= p.sum()
+    mass = 0.0
+    for tok, prob in zip(kept, p):  # decreasing order
+        if mass < top_p or top_p >= 1:
+            keep[tok] = True
+        mass += prob
+    keep &= z >= z.max() + (np.log(min_p) if min_p > 0 else -np.inf)
+    return keep
+
+
+@pytest.mark.parametrize("top_k,top_p,min_p,temperature", [
+    (5, 1.0, 0.0, 0.7),
+    (20, 0.8, 0.0, 1.3),
+    (-1, 0.9, 0.05, 1.0),
+])
+def test_filtered_logp_is_renormalised_filtered_distribution(sampler, models, top_k, top_p,
+                                                              min_p, temperature):
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                            max_new_tokens=6, seed=11)
+    nontrivial = 0
+    gens = flat(sampler.generate(PROMPTS, params, num_samples=2))
+    for g, (_, _, logits_RV) in zip(gens, learner_view(models[0], gens)):
+        for t, logits in enumerate(logits_RV):
+            z = logits / temperature
+            keep = reference_filter(z, top_k, top_p, min_p)
+            assert keep[g.response_ids[t]], "sampled a filtered-out token"
+            zk = np.where(keep, z, -np.inf)
+            logq = zk - zk.max() - np.log(np.exp(zk - zk.max()).sum())
+            p = np.exp(logq)
+            ent = -(p[keep] * logq[keep]).sum()
+            np.testing.assert_allclose(g.logp_mu[t], logq[g.response_ids[t]], atol=TOL, rtol=TOL)
+            np.testing.assert_allclose(g.entropy_mu[t], ent, atol=TOL, rtol=TOL)
+            nontrivial += 0 < keep.sum() < V
+    assert nontrivial > 0  # the filter really removed tokens
+
+
+def test_sample_tokens_frequencies_and_noop_filter():
+    """Gumbel-max draws follow the filtered distribution; a filter that keeps everything
+    draws the same tokens as no filter (noise is in vocabulary order)."""
+    logits = jnp.asarray([[2.0, 1.0, 0.0, -1.0, 0.5]], jnp.float32)
+    n = 4000
+    keys = jax.random.split(jax.random.key(0), n)
+    big = jnp.broadcast_to(logits, (n, 5))
+    sample = jax.jit(sample_tokens, static_argnames="filtered")
+    tok, logp, _ = sample(big, keys, 1.0, 3, 1.0, 0.0, filtered=True)
+    top3 = [0, 1, 4]  # logits 2.0, 1.0, 0.5
+    z = np.asarray(logits[0], np.float64)
+    p = np.zeros(5)
+    p[top3] = np.exp(z[top3]) / np.exp(z[top3]).sum()  # 0.629, 0.231, 0.140
+    freq = np.bincount(np.asarray(tok), minlength=5) / n
+    np.testing.assert_allclose(freq, p, atol=0.03)  # ~4 sigma at n = 4000; 0 off the top 3
+    np.testing.assert_allclose(np.exp(np.asarray(logp)), p[np.asarray(tok)], rtol=1e-5)
+    t_all, lp_all, e_all = sample(big, keys, 1.0, 5, 1.0, 0.0, filtered=True)
+    t_none, lp_none, e_none = sample(big, keys, 1.0, -1, 1.0, 0.0, filtered=False)
+    np.testing.assert_array_equal(t_all, t_none)
+    np.testing.assert_allclose(lp_all, lp_none, atol=TOL)
+    np.testing.assert_allclose(e_all, e_none, atol=TOL)
+
+
+def test_seeded_determinism_and_batching_independence(sampler):
+    params = SamplingParams(max_new_tokens=8, seed=5)
+    a = sampler.generate(PROMPTS, params, num_samples=2)
+    b = sampler.generate(PROMPTS, params, num_samples=2)
+    c = sampler.generate(PROMPTS, SamplingParams(max_new_tokens=8, seed=6), num_samples=2)
+    for ga, gb in zip(flat(a), flat(b)):
+        np.testing.assert_array_equal(ga.response_ids, gb.response_ids)
+        np.testing.assert_array_equal(ga.logp_mu, gb.logp_mu)
+    assert any(not np.array_equal(ga.response_ids, gc.response_ids)
+               for ga, gc in zip(flat(a), flat(c)))
+    # Samples of one prompt differ from each other (keys depend on the sample index).
+    assert not np.array_equal(a[0][0].response_ids, a[0][1].response_ids)
+    # Prompts 0-2 again, now batched with a 12-token prompt: different batch composition and
+    # prompt bucket (16 instead of 8), same prompt indices => same tokens.
+    d = sampler.generate(PROMPTS[:3] + [list(range(40, 52))], params, num_samples=2)
+    for i in range(3):
+        for ga, gd in zip(a[i], d[i]):
+            np.testing.assert_array_equal(ga.response_ids, gd.response_ids)
+            np.testing.assert_allclose(ga.logp_mu, gd.logp_mu, atol=TOL)
+            np.testing.assert_allclose(ga.entropy_mu, gd.entropy_mu, atol=TOL)
+
+
+def test_no_recompilation_after_warmup(sampler):
+    rng = np.random.default_rng(0)
+    warm = [[1] * 3, [2] * 14]  # prompt buckets 8 and 16
+    for prompts in ([warm[0]], [warm[1]]):
+        sampler.generate(prompts * 8, SamplingParams(max_new_tokens=8), num_samples=1)
+    before = sampler.num_traces
+    assert before["prefill"] >= 1 and before["decode_chunk"] >= 1
+    for n in range(20):
+        num = int(rng.integers(5, 9))
+        prompts = [list(rng.integers(0, V, size=int(rng.integers(1, 17)))) for _ in range(num)]
+        params = SamplingParams(temperature=float(rng.uniform(0.5, 1.5)), seed=n,
+                                max_new_tokens=int(rng.integers(5, 9)),
+                                stop_token_ids=tuple(int(x) for x in rng.integers(0, V, 3)))
+        out = sampler.generate(prompts, params)
+        assert len(out) == num
+    assert sampler.num_traces == before
+
+
+def test_stop_tokens_and_length(sampler):
+    """A stop set does not change the draws, only where a row ends: the golden responses
+    are the stop-free ones cut after the first stop token."""
+    free = flat(sampler.generate(PROMPTS, SamplingParams(max_new_tokens=5, seed=1), 2))
+    stop_tok = int(free[0].response_ids[2])
+    params = SamplingParams(max_new_tokens=5, stop_token_ids=(stop_tok, V - 1), seed=1)
+    gens = flat(sampler.generate(PROMPTS, params, num_samples=2))
+    reasons = []
+    for f, g in zip(free, gens):
+        hits = np.flatnonzero(np.isin(f.response_ids, params.stop_token_ids))
+        n = hits[0] + 1 if hits.size else 5
+        np.testing.assert_array_equal(g.response_ids, f.response_ids[:n])
+        np.testing.assert_array_equal(g.logp_mu, f.logp_mu[:n])
+        reasons.append(g.finish_reason)
+        assert g.finish_reason == ("stop" if hits.size else "length")
+    assert set(reasons) == {"stop", "length"}
+    assert sampler.last_stats["tokens_generated"] == sum(len(g.response_ids) for g in gens)
+    # Every row stops at its first token: the decode loop never runs.
+    first = tuple(sorted({int(f.response_ids[0]) for f in free}))
+    gens = flat(sampler.generate(PROMPTS, SamplingParams(max_new_tokens=5, stop_token_ids=first,
+                                                         seed=1), 2))
+    assert all(len(g.response_ids) == 1 and g.finish_reason == "stop" for g in gens)
+    assert sampler.last_stats["decode_steps"] == 0
+
+
+def check_versions(gens, models_by_version, expected_versions):
+    """Every generation's versions equal ``expected_versions`` and each token's logp_mu /
+    entropy_mu equal the learner's under the weights of its version."""
+    for version, model in models_by_version.items():
+        for g, (logp, ent, _) in zip(gens, learner_view(model, gens)):
+            np.testing.assert_array_equal(g.token_version, expected_versions)
+            sel = g.token_version == version
+            assert sel.any()
+            np.testing.assert_allclose(g.logp_mu[sel], logp[sel], atol=TOL, rtol=TOL)
+            np.testing.assert_allclose(g.entropy_mu[sel], ent[sel], atol=TOL, rtol=TOL)
+
+
+def test_inflight_weight_schedule(sampler, models):
+    m0, m1, m2 = models
+    schedule = [(2, nnx.state(m1), 1), (5, m2, 2)]
+    params = SamplingParams(max_new_tokens=8, seed=2)
+    out = sampler.generate(PROMPTS, params, num_samples=2, weight_schedule=schedule)
+    expected = np.array([0, 0, 1, 1, 1, 2, 2, 2], np.int32)
+    check_versions(flat(out), {0: m0, 1: m1, 2: m2}, expected)
+    assert sampler.last_stats["weight_swaps"] == 2
+    assert sampler.version == 0  # the schedule does not install weights
+
+
+def test_update_weights_from_another_thread_while_paused(sampler, models):
+    """Async path: the weights are snapshotted, the sampler is held by `pause`, another
+    version is installed, and from the next boundary on tokens carry the new version."""
+    m0, m1, _ = models
+    params = SamplingParams(max_new_tokens=8, seed=4)
+    result = {}
+    sampler.pause()
+    worker = threading.Thread(target=lambda: result.update(out=sampler.generate(PROMPTS, params, 2)))
+    worker.start()
+    try:
+        assert sampler.wait_until_held(timeout=120), "generate did not reach the pause"
+        assert worker.is_alive() and sampler.last_stats["prefills"] == 0
+        sampler.update_weights(nnx.state(m1), version=7)
+    finally:
+        sampler.resume()
+        worker.join(timeout=120)
+        sampler.update_weights(m0, version=0)
+    expected = np.array([0] + [7] * 7, np.int32)
+    check_versions(flat(result["out"]), {0: m0, 7: m1}, expected)
+
+
+def test_bad_input_errors(sampler):
+    with pytest.raises(ValueError, match="prompts\\[1\\]"):
+        sampler.generate([[1], []], SamplingParams())
+    with pytest.raises(ValueError, match="outside"):
+        sampler.generate([[V]], SamplingParams())
+    with pytest.raises(ValueError, match="num_samples"):
+        sampler.generate([[1]], SamplingParams(), num_samples=0)
+    with pytest.raises(ValueError, match="stop_token_ids"):
+        sampler.generate([[1]], SamplingParams(stop_token_ids=(V,)))
+    with pytest.raises(ValueError, match="weight_schedule\\[1\\]"):
+        sampler.generate([[1]], SamplingParams(), weight_schedule=[(3, nnx.state(make_model(0)), 1),
+                                                                   (3, nnx.state(make_model(0)), 2)])
+    wider = Decoder(dataclasses.replace(CFG, intermediate_size=40), rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="shape"):
+        sampler.update_weights(wider, version=1)
+    with pytest.raises(TypeError, match="nnx.State"):
+        sampler.update_weights({"w": np.zeros(3)}, version=1)
+    assert sampler.version == 0
+    with pytest.raises(ValueError, match="max_batch_size"):
+        JaxSamplerConfig(max_batch_size=0)
+    with pytest.raises(ValueError, match="dtype"):
+        JaxSamplerConfig(dtype="float16")
+
+
+@pytest.mark.slow
+def test_stale_cache_swap_and_bf16_mismatch(models):
+    """Two extra samplers (own compilations, hence slow): without KV recomputation the
+    tokens after a swap come from new weights over a stale cache (they are not the new
+    model's conditionals); bf16 sampling deviates from the f32 learner, boundedly."""
+    m0, m1, _ = models
+    cfg = JaxSamplerConfig(max_batch_size=8, min_prompt_bucket=8, recompute_kv_on_swap=False)
+    stale = JaxSampler(m0, config=cfg)
+    params = SamplingParams(max_new_tokens=8, seed=2)
+    gens = flat(stale.generate(PROMPTS, params, 2, weight_schedule=[(3, m1, 1)]))
+    expected = np.array([0, 0, 0, 1, 1, 1, 1, 1], np.int32)
+    gap = 0.0
+    for g, (logp0, _, _), (logp1, _, _) in zip(gens, learner_view(m0, gens), learner_view(m1, gens)):
+        np.testing.assert_array_equal(g.token_version, expected)
+        np.testing.assert_allclose(g.logp_mu[:3], logp0[:3], atol=TOL, rtol=TOL)
+        gap = max(gap, float(np.abs(g.logp_mu[3:] - logp1[3:]).max()))
+    assert gap > 1e-3
+
+    bf16 = JaxSampler(m0, config=JaxSamplerConfig(max_batch_size=8, min_prompt_bucket=8,
+                                                  dtype="bfloat16"))
+    gens = flat(bf16.generate(PROMPTS, params, 2))
+    diff = np.concatenate([g.logp_mu - lp for g, (lp, _, _) in zip(gens, learner_view(m0, gens))])
+    assert 1e-5 < np.abs(diff).max() < 0.5
