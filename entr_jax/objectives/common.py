@@ -1,0 +1,202 @@
+"""Shared pieces of every objective: input reading and checks, ratios, the PPO clip, metrics.
+
+Conventions (``../shared/docs/algorithms.md``, preamble of section 2):
+
+* every ratio is ``exp(clip(log_a - log_b, -LOG_RATIO_CLIP, LOG_RATIO_CLIP))``;
+* every mask and weight is computed from stop-gradient values; only ``logp_pi`` carries
+  gradient;
+* a token that is masked (``loss_mask`` false, or rejected by a gate) contributes exactly
+  zero gradient even when its inputs are NaN or inf: inputs are replaced with ``jnp.where``
+  *before* any arithmetic, never multiplied by a 0/1 mask.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+
+LOG_RATIO_CLIP = 20.0
+"""Bound on every log-ratio before ``exp`` (as in the VESPO code, algorithms.md section 4)."""
+
+Array = jax.Array
+Metrics = dict[str, Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """The batch fields an objective reads, checked and sanitised.
+
+    Every ``[B, T]`` array is float32 and 0 wherever ``loss_mask`` is false (so NaN/inf
+    padding never reaches arithmetic). All fields but ``logp_pi`` are stop-gradient.
+
+    Attributes:
+      logp_pi: ``[B, T] f32`` current-policy log-probs (carries gradient).
+      logp_mu: ``[B, T] f32`` behavior log-probs.
+      advantages: ``[B, T] f32``.
+      loss_mask: ``[B, T] bool``.
+      num_loss_tokens: ``[] f32`` global token normaliser (``batch.num_loss_tokens`` or the
+        count of ``loss_mask``).
+      entropy_mu, logp_prox, logp_ref, entropy_pi: ``[B, T] f32`` or None when absent.
+    """
+
+    logp_pi: Array
+    logp_mu: Array
+    advantages: Array
+    loss_mask: Array
+    num_loss_tokens: Array
+    entropy_mu: Array | None
+    logp_prox: Array | None
+    logp_ref: Array | None
+    entropy_pi: Array | None
+
+
+def _check_float(x: Any, name: str, shape: tuple[int, ...]) -> Array:
+    chex.assert_rank(x, 2, custom_message=f"argument `{name}` must be [B, T]")
+    chex.assert_shape(x, shape, custom_message=f"argument `{name}` must match logp_pi's [B, T]")
+    if not jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating):
+        raise TypeError(f"argument `{name}` must be floating point, got dtype {jnp.asarray(x).dtype}")
+    return jnp.asarray(x, jnp.float32)
+
+
+def read_inputs(logp_pi: Array, batch: Any, sanitize: bool = True) -> Inputs:
+    """Reads, checks (at trace time) and sanitises the fields of ``batch``.
+
+    With ``sanitize=False`` the ``[B, T]`` arrays are returned as given (still cast to f32
+    and stop-gradient): for objectives whose gate is a subset of ``loss_mask``, is false on
+    non-finite inputs, and is applied with `gate` before any arithmetic, so a single
+    ``where`` per input suffices (ENTR; this halves its memory traffic on CPU).
+
+    ``batch`` is read only through the attributes ``logp_mu``, ``advantages``,
+    ``loss_mask``, ``num_loss_tokens`` and the optional ``entropy_mu``, ``logp_prox``,
+    ``logp_ref``, ``entropy_pi`` (``getattr`` with default None), so any object carrying
+    them works.
+
+    Raises:
+      AssertionError: (chex) a ``[B, T]`` field has the wrong rank or shape; the message
+        names the argument.
+      TypeError: a log-prob/advantage field is not floating point, or ``loss_mask`` is not
+        bool; the message names the argument.
+      ValueError: a required attribute is missing from ``batch``.
+    """
+    chex.assert_rank(logp_pi, 2, custom_message="argument `logp_pi` must be [B, T]")
+    if not jnp.issubdtype(jnp.asarray(logp_pi).dtype, jnp.floating):
+        raise TypeError(f"argument `logp_pi` must be floating point, got {jnp.asarray(logp_pi).dtype}")
+    shape = tuple(logp_pi.shape)
+    for name in ("logp_mu", "advantages", "loss_mask"):
+        if getattr(batch, name, None) is None:
+            raise ValueError(f"batch.{name} is required by every objective but is missing/None")
+    loss_mask = batch.loss_mask
+    chex.assert_shape(loss_mask, shape, custom_message="argument `batch.loss_mask` must match logp_pi's [B, T]")
+    if jnp.asarray(loss_mask).dtype != jnp.bool_:
+        raise TypeError(f"argument `batch.loss_mask` must be bool, got {jnp.asarray(loss_mask).dtype}")
+    loss_mask = jax.lax.stop_gradient(jnp.asarray(loss_mask))
+
+    def field(name: str, required: bool = False) -> Array | None:
+        x = getattr(batch, name, None)
+        if x is None:
+            return None
+        x = jax.lax.stop_gradient(_check_float(x, f"batch.{name}", shape))
+        return jnp.where(loss_mask, x, 0.0) if sanitize else x
+
+    num = getattr(batch, "num_loss_tokens", None)
+    if num is None:
+        num = jnp.sum(loss_mask, dtype=jnp.float32)
+    else:
+        chex.assert_rank(num, 0, custom_message="argument `batch.num_loss_tokens` must be a scalar")
+        num = jax.lax.stop_gradient(jnp.asarray(num, jnp.float32))
+    lp = jnp.asarray(logp_pi, jnp.float32)
+    return Inputs(
+        logp_pi=jnp.where(loss_mask, lp, 0.0) if sanitize else lp,
+        logp_mu=field("logp_mu"),
+        advantages=field("advantages"),
+        loss_mask=loss_mask,
+        num_loss_tokens=num,
+        entropy_mu=field("entropy_mu"),
+        logp_prox=field("logp_prox"),
+        logp_ref=field("logp_ref"),
+        entropy_pi=field("entropy_pi"),
+    )
+
+
+def log_ratio(log_a: Array, log_b: Array) -> Array:
+    """``clip(log_a - log_b, -20, 20)``: the only way a log-ratio is formed."""
+    return jnp.clip(log_a - log_b, -LOG_RATIO_CLIP, LOG_RATIO_CLIP)
+
+
+def ratio(log_a: Array, log_b: Array) -> Array:
+    """``exp(clip(log_a - log_b, -20, 20))``."""
+    return jnp.exp(log_ratio(log_a, log_b))
+
+
+def sg(x: Array) -> Array:
+    """Stop-gradient (``sg[.]`` in the formulas)."""
+    return jax.lax.stop_gradient(x)
+
+
+def gate(keep: Array, *arrays: Array) -> tuple[Array, ...]:
+    """Replaces every array by 0 where ``keep`` is false, before any arithmetic.
+
+    This is what makes a rejected token's gradient exactly zero even if its inputs are
+    NaN/inf: ``where`` routes the cotangent of the dropped branch to 0.
+    """
+    return tuple(jnp.where(keep, a, 0.0) for a in arrays)
+
+
+def ppo_clip_loss(r: Array, adv: Array, lower: Array | float, upper: Array | float) -> tuple[Array, Array, Array]:
+    """Per-token clipped surrogate loss (Schulman et al. 2017, eq. 7, negated).
+
+    ``loss = -min(r A, clip(r, lower, upper) A)``. ``lower``/``upper`` may be scalars or
+    ``[B, T]`` (SAT).
+
+    Returns:
+      ``(loss, clipped_low, clipped_high)``: ``[B, T] f32`` loss and ``[B, T] bool``
+      indicators of tokens whose gradient the clip removes (``r < lower, A < 0`` and
+      ``r > upper, A > 0``).
+    """
+    loss = -jnp.minimum(r * adv, jnp.clip(r, lower, upper) * adv)
+    return loss, (r < lower) & (adv < 0), (r > upper) & (adv > 0)
+
+
+def masked_mean(x: Array, mask: Array) -> Array:
+    """Mean of ``x`` over ``mask`` (0 when the mask is empty; non-finite entries ignored)."""
+    m = mask & jnp.isfinite(x)
+    return jnp.sum(jnp.where(m, x, 0.0)) / jnp.maximum(jnp.sum(m, dtype=jnp.float32), 1.0)
+
+
+def masked_max(x: Array, mask: Array) -> Array:
+    """Max of ``x`` over ``mask`` (0 when the mask is empty; non-finite entries ignored)."""
+    m = mask & jnp.isfinite(x)
+    return jnp.where(jnp.any(m), jnp.max(jnp.where(m, x, -jnp.inf)), 0.0)
+
+
+def fraction(flags: Array, mask: Array) -> Array:
+    """Fraction of ``mask`` tokens where ``flags`` is true (0 when the mask is empty)."""
+    return jnp.sum(flags & mask, dtype=jnp.float32) / jnp.maximum(jnp.sum(mask, dtype=jnp.float32), 1.0)
+
+
+def base_metrics(inp: Inputs, keep: Array, clipped_low: Array | None = None, clipped_high: Array | None = None) -> Metrics:
+    """Metrics shared by every objective, over this batch's loss tokens.
+
+    ``mask/fraction`` is the fraction of loss tokens *rejected* (rho_mask of ESTR, section
+    3.2); ``ratio_pi_mu/*`` describe ``exp(clip(logp_pi - logp_mu))``; ``clip/frac_*`` the
+    fraction of loss tokens whose gradient the PPO clip removes.
+    """
+    r = jnp.exp(log_ratio(sg(inp.logp_pi), inp.logp_mu))
+    m = {
+        "mask/fraction": fraction(~keep, inp.loss_mask),
+        "ratio_pi_mu/mean": masked_mean(r, inp.loss_mask),
+        "ratio_pi_mu/max": masked_max(r, inp.loss_mask),
+    }
+    if clipped_low is not None:
+        m["clip/frac_low"] = fraction(clipped_low & keep, inp.loss_mask)
+        m["clip/frac_high"] = fraction(clipped_high & keep, inp.loss_mask)
+    return m
+
+
+def f32_metrics(metrics: Metrics) -> Metrics:
+    """Casts every metric to a float32 scalar."""
+    return {k: jnp.asarray(v, jnp.float32).reshape(()) for k, v in metrics.items()}

@@ -1,0 +1,81 @@
+"""Objectives without a PPO clip: CISPO (clipped detached IS weight) and M2PO.
+
+Both use the behavior policy mu as the denominator (coupled setting), ``token_mean``.
+
+* `cispo` (MiniMax-M1, arXiv 2506.13585, eq. 4; algorithms.md 4.9):
+  ``l = -sg(clip(r, 1 - clip_low, 1 + clip_high)) A log pi``, ``r = pi/mu``; the lower
+  bound is disabled by default (``clip_low=None``). ``clip_high`` is UNKNOWN/unverified in
+  the source; default 0.3 (INFERRED from a secondary source). Every token keeps a gradient.
+* `m2po` (arXiv 2510.01161; algorithms.md 4.10): `gates.m2po_mask` rejects the tokens with
+  the largest ``(log r)**2`` until the mean of the rest is ``<= tau`` (batch-level: the
+  batch passed to the objective, i.e. the microbatch when gradient accumulation is used),
+  then ``l = -M r A`` with no clip. ``tau = 0.04`` (INFERRED/recalled).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from entr_jax.objectives import common as c
+from entr_jax.objectives.aggregation import Aggregation, ObjectiveConfig, aggregate, check_range
+from entr_jax.objectives.gates import m2po_mask
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CispoConfig(ObjectiveConfig):
+    """CISPO weight bounds: ``clip_low`` in [0, 1) or None (no lower bound), ``clip_high >= 0``."""
+
+    aggregation: Aggregation = "token_mean"
+    clip_low: float | None = None
+    clip_high: float = 0.3
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.clip_low is not None:
+            check_range("CispoConfig", "clip_low", self.clip_low, lo=0.0, hi=1.0, hi_open=True)
+        check_range("CispoConfig", "clip_high", self.clip_high, lo=0.0)
+
+
+def cispo(logp_pi: jax.Array, batch: Any, cfg: CispoConfig) -> tuple[jax.Array, c.Metrics]:
+    """CISPO loss. Returns ``(loss, metrics)``; ``clip/frac_low|high`` count tokens whose
+    weight was clipped."""
+    inp = c.read_inputs(logp_pi, batch)
+    keep = inp.loss_mask
+    r = c.ratio(c.sg(inp.logp_pi), inp.logp_mu)
+    lower = 0.0 if cfg.clip_low is None else 1.0 - cfg.clip_low
+    w = jnp.clip(r, lower, 1.0 + cfg.clip_high)
+    loss_tok = -w * inp.advantages * inp.logp_pi
+    loss = aggregate(loss_tok, keep, keep, inp.num_loss_tokens, cfg.aggregation, cfg.l_norm)
+    metrics = {"loss/pg": loss, **c.base_metrics(inp, keep, r < lower, r > 1.0 + cfg.clip_high)}
+    return loss, c.f32_metrics(metrics)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class M2poConfig(ObjectiveConfig):
+    """M2PO second-moment bound ``tau`` (> 0)."""
+
+    aggregation: Aggregation = "token_mean"
+    tau: float = 0.04
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_range("M2poConfig", "tau", self.tau, lo=0.0, lo_open=True)
+
+
+def m2po(logp_pi: jax.Array, batch: Any, cfg: M2poConfig) -> tuple[jax.Array, c.Metrics]:
+    """M2PO loss. Returns ``(loss, metrics)``; metrics add ``m2po/m2_all`` and
+    ``m2po/m2_kept`` (mean ``(log r)**2`` over loss and kept tokens)."""
+    inp = c.read_inputs(logp_pi, batch)
+    lr = c.log_ratio(c.sg(inp.logp_pi), inp.logp_mu)
+    keep = m2po_mask(lr, inp.loss_mask, cfg.tau)
+    lp, lmu, adv = c.gate(keep, inp.logp_pi, inp.logp_mu, inp.advantages)
+    loss_tok = -c.ratio(lp, lmu) * adv
+    loss = aggregate(loss_tok, keep, inp.loss_mask, inp.num_loss_tokens, cfg.aggregation, cfg.l_norm)
+    metrics = {"loss/pg": loss, **c.base_metrics(inp, keep)}
+    metrics["m2po/m2_all"] = c.masked_mean(lr * lr, inp.loss_mask)
+    metrics["m2po/m2_kept"] = c.masked_mean(lr * lr, keep)
+    return loss, c.f32_metrics(metrics)

@@ -1,0 +1,60 @@
+"""SAT: Stale but Stable, staleness-adaptive trust regions (arXiv 2607.18722; algorithms.md 4.15).
+
+    d = sg(log(pi/mu)),  q = quantile_alpha(|d|) over the batch's loss tokens
+    (c_low, c_high) = `gates.sat_clip_factors(d, ...)`   (1 unless q > 0 and |d| > q)
+    l = -min(r A, clip(r, 1 - clip_low * c_low, 1 + clip_high * c_high) A),  r = pi/mu
+
+The endpoint on the side the ratio is already heading is contracted; pull-back updates are
+unchanged; with c = 1 this is plain PPO/GRPO. The quantile is batch-level: the batch passed
+to the objective, i.e. the microbatch when gradient accumulation is used (the paper's
+"current microbatch"). Defaults: ``alpha = 0.9``, Hill exponent 2, clip 0.2/0.2; the Hill
+kernel is UNKNOWN (INFERRED ``kernel="shifted"``, or ``"standard"``); aggregation
+``token_mean`` (INFERRED).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import jax
+
+from entr_jax.objectives import common as c
+from entr_jax.objectives.aggregation import Aggregation, ObjectiveConfig, aggregate, check_choice, check_range
+from entr_jax.objectives.gates import sat_clip_factors, sat_quantile
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SatConfig(ObjectiveConfig):
+    """SAT hyperparameters: quantile level ``alpha`` in (0, 1), Hill ``exponent`` (> 0),
+    ``kernel`` (shifted | standard), clip band."""
+
+    aggregation: Aggregation = "token_mean"
+    alpha: float = 0.9
+    exponent: float = 2.0
+    kernel: Literal["shifted", "standard"] = "shifted"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_range("SatConfig", "alpha", self.alpha, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+        check_range("SatConfig", "exponent", self.exponent, lo=0.0, lo_open=True)
+        check_choice("SatConfig", "kernel", self.kernel, ("shifted", "standard"))
+        self._clip()
+
+
+def sat(logp_pi: jax.Array, batch: Any, cfg: SatConfig) -> tuple[jax.Array, c.Metrics]:
+    """SAT loss. Returns ``(loss, metrics)``; metrics add ``sat/quantile`` and
+    ``sat/frac_contracted``."""
+    inp = c.read_inputs(logp_pi, batch)
+    keep = inp.loss_mask
+    d = c.sg(inp.logp_pi) - inp.logp_mu
+    c_low, c_high, contracted = sat_clip_factors(d, keep, cfg.alpha, cfg.exponent, cfg.kernel)
+    r = c.ratio(inp.logp_pi, inp.logp_mu)
+    loss_tok, lo, hi = c.ppo_clip_loss(r, inp.advantages, 1.0 - cfg.clip_low * c_low, 1.0 + cfg.clip_high * c_high)
+    loss = aggregate(loss_tok, keep, keep, inp.num_loss_tokens, cfg.aggregation, cfg.l_norm)
+    metrics = {"loss/pg": loss, **c.base_metrics(inp, keep, lo, hi)}
+    metrics["sat/quantile"] = sat_quantile(d, keep, cfg.alpha)
+    metrics["sat/frac_contracted"] = c.fraction(contracted, keep)
+    return loss, c.f32_metrics(metrics)

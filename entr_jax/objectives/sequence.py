@@ -1,0 +1,133 @@
+"""Sequence-level objectives: GSPO, VESPO and Trust Region Masking (TRM).
+
+All use the behavior policy mu as the denominator of the ratio (coupled setting).
+
+* `gspo` (arXiv 2507.18071, eq. 5-7; algorithms.md 4.8), implemented as GSPO-token
+  (ESPO eq. 3): ``s_i = exp(clip(mean_t (logp_pi - logp_mu)))`` over the row's loss tokens,
+  ``s_{i,t} = sg(s_i) * pi/sg(pi)``, ``l = -min(s_{i,t} A, clip(s_{i,t}, 1-eps_l, 1+eps_h) A)``.
+  With per-sequence advantages and ``seq_mean_token_mean`` (the default) value and gradient
+  equal sequence-level GSPO. Defaults ``clip_low = 3e-4``, ``clip_high = 4e-4``.
+* `vespo` (arXiv 2602.10693; algorithms.md 4.12): ``log W_i = clip(sum_t log(pi/mu))``
+  (true product, no length normalisation), ``phi(W) = W**c1 exp(c2 (1 - W))`` with
+  ``(c1, c2) = (2, 3)`` for ``A >= 0`` and ``(3, 2)`` for ``A < 0`` (repo code defaults;
+  the paper's values are UNVERIFIED), ``l = -sg(phi(W_i)) A log pi``, ``token_mean``.
+  The optional TIS factor of the reference code is not implemented.
+* `trm` (arXiv 2512.23075; algorithms.md 4.11): `gates.trm_mask` rejects whole rows, then a
+  PPO clip on pi/mu. Thresholds are UNKNOWN in the paper; defaults (INFERRED)
+  ``criterion="max"``, ``threshold=0.05`` (i.e. ``|log r| <= 0.316`` on every token), clip
+  0.2/0.2, ``token_mean``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+
+from entr_jax.objectives import common as c
+from entr_jax.objectives.aggregation import Aggregation, ObjectiveConfig, aggregate, check_choice, check_range
+from entr_jax.objectives.gates import trm_mask
+
+
+def _seq_sum(x: jax.Array, mask: jax.Array) -> jax.Array:
+    return jnp.sum(jnp.where(mask, x, 0.0), axis=1)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GspoConfig(ObjectiveConfig):
+    """GSPO hyperparameters: sequence-ratio clip band (paper: 3e-4 / 4e-4)."""
+
+    aggregation: Aggregation = "seq_mean_token_mean"
+    clip_low: float = 3e-4
+    clip_high: float = 4e-4
+
+    def __post_init__(self):
+        super().__post_init__()
+        self._clip()
+
+
+def gspo(logp_pi: jax.Array, batch: Any, cfg: GspoConfig) -> tuple[jax.Array, c.Metrics]:
+    """GSPO(-token) loss. Returns ``(loss, metrics)``; metrics add ``ratio_seq/mean``."""
+    inp = c.read_inputs(logp_pi, batch)
+    keep = inp.loss_mask
+    n_B = jnp.maximum(jnp.sum(keep, axis=1, dtype=jnp.float32), 1.0)
+    seq_lr_B = c.log_ratio(_seq_sum(c.sg(inp.logp_pi) - inp.logp_mu, keep) / n_B, 0.0)
+    s = jnp.exp(seq_lr_B[:, None] + inp.logp_pi - c.sg(inp.logp_pi))
+    loss_tok, lo, hi = c.ppo_clip_loss(s, inp.advantages, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+    loss = aggregate(loss_tok, keep, keep, inp.num_loss_tokens, cfg.aggregation, cfg.l_norm)
+    metrics = {"loss/pg": loss, **c.base_metrics(inp, keep, lo, hi)}
+    metrics["ratio_seq/mean"] = c.masked_mean(jnp.exp(seq_lr_B), jnp.any(keep, axis=1))
+    return loss, c.f32_metrics(metrics)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class VespoConfig(ObjectiveConfig):
+    """VESPO kernel exponents for positive and negative advantages (all >= 0)."""
+
+    aggregation: Aggregation = "token_mean"
+    c1_pos: float = 2.0
+    c2_pos: float = 3.0
+    c1_neg: float = 3.0
+    c2_neg: float = 2.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        for f in ("c1_pos", "c2_pos", "c1_neg", "c2_neg"):
+            check_range("VespoConfig", f, getattr(self, f), lo=0.0)
+
+
+def vespo_kernel(log_w: jax.Array, c1: jax.Array | float, c2: jax.Array | float) -> jax.Array:
+    """``phi(W) = W**c1 exp(c2 (1 - W))`` from ``log W`` (clipped to +-20); ``phi(1) = 1``."""
+    lw = jnp.clip(log_w, -c.LOG_RATIO_CLIP, c.LOG_RATIO_CLIP)
+    return jnp.exp(c1 * lw + c2 * (1.0 - jnp.exp(lw)))
+
+
+def vespo(logp_pi: jax.Array, batch: Any, cfg: VespoConfig) -> tuple[jax.Array, c.Metrics]:
+    """VESPO loss. Returns ``(loss, metrics)``; metrics add ``vespo/phi_mean``."""
+    inp = c.read_inputs(logp_pi, batch)
+    keep = inp.loss_mask
+    log_w_B = c.log_ratio(_seq_sum(c.sg(inp.logp_pi) - inp.logp_mu, keep), 0.0)
+    pos = inp.advantages >= 0
+    phi = vespo_kernel(
+        jnp.broadcast_to(log_w_B[:, None], keep.shape),
+        jnp.where(pos, cfg.c1_pos, cfg.c1_neg),
+        jnp.where(pos, cfg.c2_pos, cfg.c2_neg),
+    )
+    loss_tok = -c.sg(phi) * inp.advantages * inp.logp_pi
+    loss = aggregate(loss_tok, keep, keep, inp.num_loss_tokens, cfg.aggregation, cfg.l_norm)
+    metrics = {"loss/pg": loss, **c.base_metrics(inp, keep), "vespo/phi_mean": c.masked_mean(phi, keep)}
+    return loss, c.f32_metrics(metrics)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrmConfig(ObjectiveConfig):
+    """TRM hyperparameters: ``criterion`` (max k2 | mean k3), ``threshold`` (> 0), clip."""
+
+    aggregation: Aggregation = "token_mean"
+    criterion: Literal["max", "mean"] = "max"
+    threshold: float = 0.05
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_choice("TrmConfig", "criterion", self.criterion, ("max", "mean"))
+        check_range("TrmConfig", "threshold", self.threshold, lo=0.0, lo_open=True)
+        self._clip()
+
+
+def trm(logp_pi: jax.Array, batch: Any, cfg: TrmConfig) -> tuple[jax.Array, c.Metrics]:
+    """TRM loss. Returns ``(loss, metrics)``; metrics add ``mask/seq_fraction`` (rejected
+    rows among rows with loss tokens)."""
+    inp = c.read_inputs(logp_pi, batch)
+    lr = c.sg(inp.logp_pi) - inp.logp_mu
+    keep = trm_mask(lr, inp.loss_mask, cfg.threshold, cfg.criterion)
+    lp, lmu, adv = c.gate(keep, inp.logp_pi, inp.logp_mu, inp.advantages)
+    loss_tok, lo, hi = c.ppo_clip_loss(c.ratio(lp, lmu), adv, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+    loss = aggregate(loss_tok, keep, inp.loss_mask, inp.num_loss_tokens, cfg.aggregation, cfg.l_norm)
+    metrics = {"loss/pg": loss, **c.base_metrics(inp, keep, lo, hi)}
+    rows = jnp.any(inp.loss_mask, axis=1)
+    metrics["mask/seq_fraction"] = c.fraction(~jnp.any(keep, axis=1), rows)
+    return loss, c.f32_metrics(metrics)
