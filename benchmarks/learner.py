@@ -1,0 +1,235 @@
+"""Learner throughput benchmark; prints one JSON object.
+
+CPU (default): a ~20M-parameter qwen2-shaped decoder at sequence 1024, one ENTR step per
+optimizer step (``learners.step.make_train_step``), reported side by side with
+
+* the machine's limit: achieved model FLOP/s, ``6 * N * tokens + 12 * layers * B * L^2 *
+  D`` per step (dense matmuls forward + backward, Kaplan et al. 2020 arXiv 2001.08361
+  Sec. 2.1, plus causal-free attention scores and values; embeddings' gather excluded from
+  N), against an f32 matmul peak measured in the same run;
+* google-tunix's GRPO update on the same model shape (``tunix.rl.algo_core.grpo_loss_fn``
+  + ``nnx.value_and_grad`` + ``optax.adamw`` under ``nnx.jit``; the loss/update path its
+  ``GRPOLearner`` trains with, without the rollout cluster), run from a separate venv
+  given by ``--tunix-python`` when it exists.
+
+``--gpu``: bf16 parameters and activations, Qwen2.5-0.5B shape, random weights; prints
+tokens/s and MFU against ``--peak-tflops`` (default 989, H100/H200 dense bf16).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+SMALL = dict(architecture="qwen2", vocab_size=16384, hidden_size=384, intermediate_size=1536,
+             num_layers=6, num_heads=6, num_kv_heads=2, head_dim=64, attention_bias=True,
+             tie_word_embeddings=True)
+QWEN05 = dict(architecture="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
+              num_layers=24, num_heads=14, num_kv_heads=2, head_dim=64, attention_bias=True,
+              tie_word_embeddings=True)
+
+
+def _matmul_peak(dtype, n=2048, reps=5) -> float:
+    import jax
+    import jax.numpy as jnp
+
+    a = jnp.ones((n, n), dtype)
+    f = jax.jit(lambda x, y: x @ y)
+    f(a, a).block_until_ready()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        out = f(a, a)
+    out.block_until_ready()
+    return 2 * n**3 * reps / (time.perf_counter() - t0)
+
+
+def _model_flops(cfg, n_params_matmul, batch, length) -> float:
+    tokens = batch * length
+    attention = 12 * cfg.num_layers * batch * length**2 * cfg.num_heads * cfg.head_dim
+    return 6 * n_params_matmul * tokens + attention
+
+
+def run_entr(shape: dict, *, batch: int, length: int, steps: int, dtype: str) -> dict:
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from entr_jax.model import Decoder, ModelConfig
+    from entr_jax.objectives import make_objective
+    from entr_jax.sharding import MeshConfig, make_mesh
+    from learners.distributed import shard_batch
+    from learners.optim import OptimizerConfig, make_optimizer
+    from learners.state import create_train_state
+    from entr_jax.types import Batch
+    from learners.step import make_train_step
+
+    cfg = ModelConfig(**shape)
+    dt = jnp.bfloat16 if dtype == "bf16" else jnp.float32
+    mesh = make_mesh(MeshConfig(data=1, fsdp=jax.device_count()))
+    tx = make_optimizer(OptimizerConfig(learning_rate=1e-5))
+    state, shardings = create_train_state(
+        lambda: Decoder(cfg, rngs=nnx.Rngs(0), dtype=dt, param_dtype=dt), tx, mesh)
+    n_params = sum(x.size for x in jax.tree.leaves(state.params))
+    n_matmul = n_params  # tied embedding: the unembedding matmul uses every embedding entry
+    step = make_train_step("rl", tx, shardings, mesh, objective=make_objective("entr"),
+                           chunk_size=256)
+    rng = np.random.default_rng(0)
+    t = length - 1
+    host = Batch(
+        tokens=rng.integers(0, cfg.vocab_size, (1, batch, length)).astype(np.int32),
+        attention_mask=np.ones((1, batch, length), bool),
+        loss_mask=np.broadcast_to(np.arange(t) >= 64, (1, batch, t)).copy(),
+        advantages=rng.normal(size=(1, batch, t)).astype(np.float32),
+        logp_mu=np.full((1, batch, t), -np.log(cfg.vocab_size), np.float32),
+        entropy_mu=np.full((1, batch, t), np.log(cfg.vocab_size), np.float32),
+        token_version=np.zeros((1, batch, t), np.int32),
+        num_loss_tokens=np.float32(batch * (t - 64)),
+    )
+    device_batch = shard_batch(host, mesh)
+    t0 = time.perf_counter()
+    state, metrics = step(state, device_batch)
+    jax.block_until_ready(metrics)
+    compile_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        state, metrics = step(state, device_batch)
+    jax.block_until_ready(metrics)
+    step_s = (time.perf_counter() - t0) / steps
+    flops = _model_flops(cfg, n_matmul, batch, length)
+    out = {
+        "params": int(n_params),
+        "batch": batch,
+        "seq_len": length,
+        "dtype": dtype,
+        "first_step_s_incl_compile": round(compile_s, 3),
+        "step_s": round(step_s, 4),
+        "tokens_per_s": round(batch * length / step_s, 1),
+        "model_flops_per_step": flops,
+        "achieved_flops_per_s": flops / step_s,
+        "loss_finite": bool(np.isfinite(float(metrics["loss"]))),
+    }
+    stats = jax.devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        out["peak_device_memory_gb"] = round(stats["peak_bytes_in_use"] / 2**30, 3)
+    return out
+
+
+_TUNIX_SCRIPT = r"""
+import json, sys, time
+import jax, jax.numpy as jnp, numpy as np, optax
+from flax import nnx
+from tunix.models.qwen2 import model as qm
+from tunix.rl import algo_core, common
+from tunix.rl.grpo.grpo_learner import GRPOConfig
+s = json.loads(sys.argv[1]); B, L, steps = s["batch"], s["length"], s["steps"]
+cfg = qm.ModelConfig(num_layers=s["num_layers"], vocab_size=s["vocab_size"],
+    embed_dim=s["hidden_size"], hidden_dim=s["intermediate_size"], num_heads=s["num_heads"],
+    head_dim=s["head_dim"], num_kv_heads=s["num_kv_heads"], rope_theta=10000, norm_eps=1e-6,
+    use_tied_embedding=True)
+model = qm.Qwen2(cfg, rngs=nnx.Rngs(0))
+n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+opt = nnx.Optimizer(model, optax.adamw(1e-5), wrt=nnx.Param)
+import types
+algo = GRPOConfig(num_generations=2, num_iterations=1, beta=0.0)
+algo = types.SimpleNamespace(**{**vars(algo), "temperature": getattr(algo, "temperature", 1.0)})
+P = 64
+rng = np.random.default_rng(0)
+ex = common.TrainExample(
+    prompt_ids=jnp.asarray(rng.integers(1, s["vocab_size"], (B, P)), jnp.int32),
+    prompt_mask=jnp.ones((B, P), jnp.int32),
+    completion_ids=jnp.asarray(rng.integers(1, s["vocab_size"], (B, L - P)), jnp.int32),
+    completion_mask=jnp.ones((B, L - P), jnp.int32),
+    advantages=jnp.asarray(rng.normal(size=(B,)), jnp.float32),
+    ref_per_token_logps=None, old_per_token_logps=None)
+@nnx.jit
+def train_step(model, opt, ex):
+    def loss_fn(m):
+        return algo_core.grpo_loss_fn(m, ex, algo, pad_id=0, eos_id=-1)
+    (loss, aux), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+    opt.update(model, grads)
+    return loss
+t0 = time.perf_counter(); loss = train_step(model, opt, ex); jax.block_until_ready(loss)
+compile_s = time.perf_counter() - t0
+t0 = time.perf_counter()
+for _ in range(steps):
+    loss = train_step(model, opt, ex)
+jax.block_until_ready(loss)
+step_s = (time.perf_counter() - t0) / steps
+print(json.dumps({"params": int(n_params), "first_step_s_incl_compile": round(compile_s, 3),
+    "step_s": round(step_s, 4), "tokens_per_s": round(B * L / step_s, 1),
+    "loss_finite": bool(np.isfinite(float(loss))), "jax": jax.__version__}))
+"""
+
+
+def run_tunix(python: str, shape: dict, *, batch: int, length: int, steps: int,
+              timeout: int) -> dict:
+    if not os.path.exists(python):
+        return {"status": "not run", "reason": f"no tunix interpreter at {python}"}
+    spec = dict(shape, batch=batch, length=length, steps=steps)
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    try:
+        proc = subprocess.run([python, "-c", _TUNIX_SCRIPT, json.dumps(spec)],
+                              capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "timeout_s": timeout}
+    if proc.returncode != 0:
+        return {"status": "failed", "stderr_tail": proc.stderr[-1500:]}
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    version = subprocess.run([python, "-c", "import importlib.metadata as m;"
+                              "print(m.version('google-tunix'))"], capture_output=True, text=True)
+    out["google_tunix_version"] = version.stdout.strip()
+    out["status"] = "ok"
+    out["what"] = "tunix grpo_loss_fn + nnx.value_and_grad + optax.adamw under nnx.jit"
+    return out
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--gpu", action="store_true")
+    parser.add_argument("--batch", type=int, default=None)
+    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--tunix-python", default="/tmp/tunix_venv/bin/python")
+    parser.add_argument("--tunix-timeout", type=int, default=900)
+    parser.add_argument("--peak-tflops", type=float, default=989.0)
+    args = parser.parse_args(argv)
+
+    import jax
+
+    if args.gpu:
+        batch = args.batch or 8
+        entr = run_entr(QWEN05, batch=batch, length=args.seq_len, steps=args.steps, dtype="bf16")
+        entr["mfu"] = entr["achieved_flops_per_s"] / (args.peak_tflops * 1e12 * jax.device_count())
+        print(json.dumps({"device": str(jax.devices()[0].device_kind), "entr_jax": entr,
+                          "peak_tflops_assumed": args.peak_tflops}, indent=1))
+        return
+
+    batch = args.batch or 2
+    peak = _matmul_peak("float32")
+    entr = run_entr(SMALL, batch=batch, length=args.seq_len, steps=args.steps, dtype="f32")
+    entr["peak_rss_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
+    entr["fraction_of_matmul_peak"] = entr["achieved_flops_per_s"] / peak
+    tunix = run_tunix(args.tunix_python, SMALL, batch=batch, length=args.seq_len,
+                      steps=args.steps, timeout=args.tunix_timeout)
+    if tunix.get("status") == "ok":
+        tunix["peak_rss_gb_children"] = round(
+            resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20, 3)
+    print(json.dumps({
+        "device": f"cpu x{jax.device_count()} ({os.cpu_count()} cores visible)",
+        "f32_matmul_peak_flops_per_s": peak,
+        "entr_jax": entr,
+        "google_tunix": tunix,
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    main()

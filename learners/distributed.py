@@ -1,0 +1,137 @@
+"""Multi-host setup and host -> device batch placement that works for any number of processes.
+
+Every JAX process runs the same program (SPMD). Each process builds its *local* rows of
+the optimizer batch on the host (`learners.batching.make_batch`), and
+`shard_batch` assembles the global array with
+`jax.make_array_from_process_local_data`: nothing here assumes one process. On a single
+process it is simply a sharded `device_put`.
+
+Environment for `initialize` (all three must be set together; none set = single process):
+
+* ``ENTR_COORDINATOR_ADDRESS``: ``host:port`` of process 0's coordination service;
+* ``ENTR_NUM_PROCESSES``: total number of processes;
+* ``ENTR_PROCESS_ID``: this process's index in ``[0, ENTR_NUM_PROCESSES)``.
+
+On managed clusters (Cloud TPU, SLURM, Open MPI) ``jax.distributed.initialize()`` can also
+discover these by itself; set ``ENTR_DISTRIBUTED_AUTO=1`` to call it without arguments.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh
+
+from entr_jax.sharding import batch_sharding, replicated
+from entr_jax.types import Batch
+
+__all__ = ["global_sum", "initialize", "is_main_process", "shard_batch"]
+
+_ENV = ("ENTR_COORDINATOR_ADDRESS", "ENTR_NUM_PROCESSES", "ENTR_PROCESS_ID")
+_BATCH_FIELDS = (
+    "tokens", "attention_mask", "loss_mask", "advantages", "logp_mu", "entropy_mu",
+    "token_version", "logp_prox", "logp_ref",
+)
+
+
+def initialize(env: Mapping[str, str] | None = None) -> bool:
+    """Call `jax.distributed.initialize` from the environment; a no-op for one process.
+
+    Must run before any other JAX call that touches devices.
+
+    Returns:
+      True if the distributed runtime was initialised, False for a single process.
+
+    Raises:
+      ValueError: if only some of the ``ENTR_*`` variables are set, or they are not
+        integers / in range (naming the variable).
+    """
+    env = os.environ if env is None else env
+    if env.get("ENTR_DISTRIBUTED_AUTO") == "1":
+        jax.distributed.initialize()
+        return True
+    present = [name for name in _ENV if env.get(name)]
+    if not present:
+        return False
+    if len(present) != len(_ENV):
+        missing = sorted(set(_ENV) - set(present))
+        raise ValueError(f"distributed.initialize: {present} set but {missing} missing")
+    try:
+        num_processes = int(env["ENTR_NUM_PROCESSES"])
+        process_id = int(env["ENTR_PROCESS_ID"])
+    except ValueError as err:
+        raise ValueError(f"distributed.initialize: ENTR_NUM_PROCESSES / ENTR_PROCESS_ID: {err}")
+    if num_processes < 1:
+        raise ValueError(f"ENTR_NUM_PROCESSES must be >= 1, got {num_processes}")
+    if not 0 <= process_id < num_processes:
+        raise ValueError(f"ENTR_PROCESS_ID must be in [0, {num_processes}), got {process_id}")
+    if num_processes == 1:
+        return False
+    jax.distributed.initialize(
+        coordinator_address=env["ENTR_COORDINATOR_ADDRESS"],
+        num_processes=num_processes,
+        process_id=process_id,
+    )
+    return True
+
+
+def is_main_process() -> bool:
+    """True on process 0 (the one that logs and writes run-directory files)."""
+    return jax.process_index() == 0
+
+
+def global_sum(value: float) -> float:
+    """Sum a host scalar over all processes (identity on one process)."""
+    if jax.process_count() == 1:
+        return float(value)
+    gathered = multihost_utils.process_allgather(np.asarray(value, np.float64))
+    return float(np.sum(gathered))
+
+
+def shard_batch(batch: Batch, mesh: Mesh, *, row_axis: int = 1) -> Batch:
+    """Place a host (numpy) `Batch` of this process's rows on the mesh as global arrays.
+
+    Args:
+      batch: microbatched host batch (``[M, b_local, ...]`` fields, as from
+        `learners.batching.make_batch`) holding this process's rows.
+        ``num_loss_tokens`` must be this process's count; it is summed over processes
+        (`global_sum`) so the normaliser covers the whole global batch.
+      mesh: the learner mesh; rows shard over ``("data", "fsdp")``.
+      row_axis: the axis holding rows (1 for microbatched arrays, 0 for ``[B, ...]``).
+
+    Returns:
+      the `Batch` with `jax.Array` fields of global shape (``b_global = b_local *
+      process_count``) and ``num_loss_tokens`` a replicated f32 scalar.
+
+    Raises:
+      ValueError: if the global row count is not divisible by the number of devices on
+        the batch mesh axes (naming the field).
+    """
+    shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    nproc = jax.process_count()
+
+    def put(name, x):
+        if x is None:
+            return None
+        x = np.asarray(x)
+        global_shape = list(x.shape)
+        global_shape[row_axis] *= nproc
+        if global_shape[row_axis] % shards:
+            raise ValueError(
+                f"shard_batch: Batch.{name} has {global_shape[row_axis]} rows on axis "
+                f"{row_axis}, not divisible by data*fsdp = {shards} (pad rows with "
+                f"make_batch(row_multiple=...))"
+            )
+        sharding = batch_sharding(mesh, x.ndim, row_axis)
+        return jax.make_array_from_process_local_data(sharding, x, tuple(global_shape))
+
+    fields = {name: put(name, getattr(batch, name)) for name in _BATCH_FIELDS}
+    num = batch.num_loss_tokens
+    if num is not None:
+        num = jax.device_put(jnp.float32(global_sum(float(num))), replicated(mesh))
+    return batch.replace(num_loss_tokens=num, **fields)

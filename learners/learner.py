@@ -1,0 +1,233 @@
+"""The learner: state + compiled steps + checkpoints + logging behind a small host API.
+
+`Learner.train_on(trajectories, advantages)` builds the batch on the host
+(`learners.batching`), places it on the mesh (`learners.distributed.shard_batch`), fills
+``logp_prox`` / ``logp_ref`` when the objective needs them (`learners.step.make_logprob_fn`),
+dispatches the jitted step, then fetches and logs the *previous* step's metrics
+(`learners.logging.DeferredMetrics`) and feeds them to `NonFiniteGuard`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+from flax import nnx
+
+from entr_jax.sharding import MeshConfig, make_mesh
+from entr_jax.types import Trajectory
+from learners.batching import make_batch
+from learners.checkpoint import CheckpointManager
+from learners.distributed import shard_batch
+from learners.logging import DeferredMetrics, MetricsLogger
+from learners.optim import OptimizerConfig, make_optimizer, make_schedule
+from learners.state import TrainState, create_train_state
+from learners.step import make_logprob_fn, make_train_step
+
+__all__ = ["Learner", "LearnerConfig", "NonFiniteError", "NonFiniteGuard"]
+
+_PROX_OBJECTIVES = ("decoupled_ppo", "tis")
+
+
+class NonFiniteError(RuntimeError):
+    """Raised after too many consecutive steps with a non-finite loss or gradient."""
+
+
+class NonFiniteGuard:
+    """Host-side stop rule: ``max_consecutive`` skipped steps in a row raise `NonFiniteError`.
+
+    Fed the host metrics of each step (``train/skipped``, ``loss``, ``train/grad_norm``).
+    """
+
+    def __init__(self, max_consecutive: int):
+        if max_consecutive < 1:
+            raise ValueError(f"NonFiniteGuard: max_consecutive must be >= 1, got {max_consecutive}")
+        self.max_consecutive = max_consecutive
+        self.consecutive = 0
+        self.total = 0
+
+    def update(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Count a skipped step or reset the run; raise on the ``max_consecutive``-th in a row."""
+        if metrics.get("train/skipped", 0.0) < 0.5:
+            self.consecutive = 0
+            return
+        self.consecutive += 1
+        self.total += 1
+        if self.consecutive >= self.max_consecutive:
+            loss = metrics.get("loss", float("nan"))
+            name = "loss" if not math.isfinite(loss) else "train/grad_norm"
+            raise NonFiniteError(
+                f"step {step}: {self.consecutive} consecutive steps with non-finite {name} "
+                f"(= {metrics.get(name)}); updates were skipped, stopping the run"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerConfig:
+    """Learner settings.
+
+    Attributes:
+      mesh: device mesh shape.
+      optimizer: AdamW / clipping / schedule.
+      num_microbatches: gradient-accumulation microbatches per optimizer step (>= 1).
+      chunk_size: sequence chunk of the log-prob computation (>= 1).
+      temperature: sampling temperature the behaviour log-probs were taken at (> 0).
+      pad_id: padding token id (>= 0).
+      min_length, max_length: sequence-length bucketing bounds (`bucket_length`).
+      max_consecutive_nonfinite: stop after this many skipped steps in a row (>= 1).
+      seed: seed of the parameter init and the state RNG key.
+    """
+
+    mesh: MeshConfig = MeshConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    num_microbatches: int = 1
+    chunk_size: int = 128
+    temperature: float = 1.0
+    pad_id: int = 0
+    min_length: int = 16
+    max_length: int | None = None
+    max_consecutive_nonfinite: int = 3
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("num_microbatches", "chunk_size", "min_length", "max_consecutive_nonfinite"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"LearnerConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if not self.temperature > 0:
+            raise ValueError(f"LearnerConfig.temperature must be > 0, got {self.temperature}")
+        if self.pad_id < 0:
+            raise ValueError(f"LearnerConfig.pad_id must be >= 0, got {self.pad_id}")
+
+
+class Learner:
+    """Owns the train state on the mesh and runs RL / SFT steps.
+
+    Args:
+      module_fn: builds the policy `nnx.Module` (traced once for shapes, then run inside
+        a jit that writes the parameters directly into their shardings).
+      config: `LearnerConfig`.
+      objective: ``objective(logp_pi, batch) -> (loss, metrics)`` (from
+        ``entr_jax.objectives.make_objective``); None for SFT only.
+      logdir: metrics directory (tensorboard + ``metrics.jsonl``), or None.
+      checkpoint: a `CheckpointManager`, or None.
+      devices: devices of the mesh (default: all).
+      ref_params: reference parameters for ``logp_ref`` (same structure as the policy's).
+    """
+
+    def __init__(
+        self,
+        module_fn: Callable[[], nnx.Module],
+        config: LearnerConfig,
+        *,
+        objective: Callable | None = None,
+        logdir: str | Path | None = None,
+        checkpoint: CheckpointManager | None = None,
+        devices: Sequence[Any] | None = None,
+        ref_params: Any = None,
+    ):
+        self.config = config
+        self.mesh = make_mesh(config.mesh, devices)
+        self.tx = make_optimizer(config.optimizer)
+        self.state, self.shardings = create_train_state(module_fn, self.tx, self.mesh, config.seed)
+        kw = dict(chunk_size=config.chunk_size, temperature=config.temperature)
+        schedule = make_schedule(config.optimizer)
+        self.objective = objective
+        self.rl_step = None
+        if objective is not None:
+            self.rl_step = make_train_step(
+                "rl", self.tx, self.shardings, self.mesh, objective=objective,
+                lr_schedule=schedule, **kw,
+            )
+        self.sft_step = make_train_step("sft", self.tx, self.shardings, self.mesh,
+                                        lr_schedule=schedule, **kw)
+        self.logprob_fn = make_logprob_fn(self.shardings, self.mesh, **kw)
+        name = getattr(objective, "name", "")
+        self.needs_prox = name in _PROX_OBJECTIVES
+        self.needs_ref = getattr(getattr(objective, "config", None), "kl_coef", 0.0) > 0
+        if self.needs_ref and ref_params is None:
+            raise ValueError(f"objective {name!r} has kl_coef > 0 and needs ref_params")
+        self.ref_params = ref_params
+        self.checkpoint = checkpoint
+        self.logger = MetricsLogger(logdir) if logdir is not None else None
+        self.deferred = DeferredMetrics()
+        self.guard = NonFiniteGuard(config.max_consecutive_nonfinite)
+
+    @property
+    def version(self) -> int:
+        return int(jax.device_get(self.state.version))
+
+    def prepare(self, trajectories: Sequence[Trajectory], advantages) -> tuple[Any, dict]:
+        """Host batch -> device batch (with ``logp_prox``/``logp_ref`` when needed) + stats."""
+        c = self.config
+        rows = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        host, stats = make_batch(
+            trajectories, advantages, pad_id=c.pad_id, num_microbatches=c.num_microbatches,
+            row_multiple=rows, min_length=c.min_length, max_length=c.max_length,
+        )
+        batch = shard_batch(host, self.mesh)
+        if self.needs_prox:
+            batch = batch.replace(logp_prox=self.logprob_fn(self.state.params, self.state.other, batch)[0])
+        if self.needs_ref:
+            batch = batch.replace(logp_ref=self.logprob_fn(self.ref_params, self.state.other, batch)[0])
+        return batch, stats
+
+    def _run(self, step_fn, batch, stats) -> dict[str, float] | None:
+        step_index = int(jax.device_get(self.state.step))
+        self.state, metrics = step_fn(self.state, batch)
+        previous = self.deferred.push(step_index, dict(metrics, **stats))
+        return self._consume(previous)
+
+    def _consume(self, previous, guard: bool = True) -> dict[str, float] | None:
+        if previous is None:
+            return None
+        step, _, host = previous
+        version = int(host["train/version"])
+        if self.logger is not None:
+            self.logger.log(step, version, host)
+        if guard:
+            self.guard.update(step, host)
+        return host
+
+    def train_on(self, trajectories: Sequence[Trajectory], advantages) -> dict[str, float] | None:
+        """One RL step. Returns the *previous* step's host metrics (None on the first)."""
+        if self.rl_step is None:
+            raise ValueError("Learner.train_on needs an objective")
+        batch, stats = self.prepare(trajectories, advantages)
+        return self._run(self.rl_step, batch, stats)
+
+    def sft_on(self, trajectories: Sequence[Trajectory]) -> dict[str, float] | None:
+        """One SFT step (cross-entropy on ``loss_mask`` tokens); returns the previous metrics."""
+        batch, stats = self.prepare(trajectories, [0.0] * len(trajectories))
+        return self._run(self.sft_step, batch, stats)
+
+    def flush(self) -> dict[str, float] | None:
+        """Fetch, log and guard the last dispatched step's metrics."""
+        return self._consume(self.deferred.flush())
+
+    def save(self, **json_items) -> bool:
+        """Checkpoint the current state (asynchronous) with JSON side items."""
+        if self.checkpoint is None:
+            raise ValueError("Learner.save: no CheckpointManager was given")
+        return self.checkpoint.save(self.state, **json_items)
+
+    def restore_latest(self) -> dict | None:
+        """Replace the state with the newest readable checkpoint; returns its JSON items."""
+        if self.checkpoint is None:
+            raise ValueError("Learner.restore_latest: no CheckpointManager was given")
+        restored = self.checkpoint.restore_latest(self.state, self.shardings)
+        if restored is None:
+            return None
+        self.state = restored.pop("state")
+        self.deferred = DeferredMetrics()
+        return dict(restored)
+
+    def close(self) -> None:
+        """Log the pending step's metrics (without the guard), finish saves, close files."""
+        self._consume(self.deferred.flush(), guard=False)
+        if self.checkpoint is not None:
+            self.checkpoint.close()
+        if self.logger is not None:
+            self.logger.close()

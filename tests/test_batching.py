@@ -1,0 +1,120 @@
+"""Host batching: target alignment on a hand-built example, masking, microbatch split."""
+
+import numpy as np
+import pytest
+
+from entr_jax.types import Trajectory
+from learners.batching import bucket_length, make_batch, split_microbatches
+
+
+def _traj(prompt, response, logp, ent, version, mask):
+    return Trajectory(
+        prompt_ids=np.asarray(prompt, np.int32),
+        response_ids=np.asarray(response, np.int32),
+        logp_mu=np.asarray(logp, np.float32),
+        entropy_mu=np.asarray(ent, np.float32),
+        token_version=np.asarray(version, np.int32),
+        loss_mask=np.asarray(mask, bool),
+    )
+
+
+@pytest.fixture(scope="module")
+def example():
+    trajs = [
+        # prompt 5 6 | response 7 (policy) 8 (tool token) 9 (policy)
+        _traj([5, 6], [7, 8, 9], [-0.1, 0.0, -0.3], [1.0, 0.0, 3.0], [0, -1, 1], [1, 0, 1]),
+        # prompt 3 | response 4 (NaN logp_mu from the sampler) 2
+        _traj([3], [4, 2], [np.nan, -0.5], [0.5, 0.7], [3, 3], [1, 1]),
+        # prompt 1 2 3 4 | response 10 (entropy inf)  -> masked; then 11
+        _traj([1, 2, 3, 4], [10, 11], [-1.0, -2.0], [np.inf, 0.25], [2, 2], [1, 1]),
+    ]
+    return make_batch(trajs, [1.5, -0.5, 2.0], pad_id=0, num_microbatches=2, min_length=4)
+
+
+def test_alignment_hand_built(example):
+    batch, stats = example
+    F, T = False, True
+    assert batch.tokens.shape == (2, 2, 8) and batch.loss_mask.shape == (2, 2, 7)
+    tokens = batch.tokens.reshape(4, 8)
+    np.testing.assert_array_equal(
+        tokens,
+        [[5, 6, 7, 8, 9, 0, 0, 0], [3, 4, 2, 0, 0, 0, 0, 0], [1, 2, 3, 4, 10, 11, 0, 0], [0] * 8],
+    )
+    np.testing.assert_array_equal(
+        batch.attention_mask.reshape(4, 8).sum(1), [5, 3, 6, 1]  # padding row: 1 real token
+    )
+    np.testing.assert_array_equal(
+        batch.loss_mask.reshape(4, 7),
+        [
+            [F, T, F, T, F, F, F],  # t=1 -> 7, t=2 -> 8 (tool), t=3 -> 9
+            [F, T, F, F, F, F, F],  # t=0 -> 4 (NaN logp, masked), t=1 -> 2
+            [F, F, F, F, T, F, F],  # t=3 -> 10 (inf entropy, masked), t=4 -> 11
+            [F] * 7,
+        ],
+    )
+    # every loss token's target is tokens[:, t + 1]
+    rows, cols = np.nonzero(batch.loss_mask.reshape(4, 7))
+    np.testing.assert_array_equal(tokens[rows, cols + 1], [7, 9, 2, 11])
+    logp = batch.logp_mu.reshape(4, 7)
+    np.testing.assert_array_equal(logp[0], np.float32([0, -0.1, 0, -0.3, 0, 0, 0]))
+    np.testing.assert_array_equal(logp[1], [0, -0.5, 0, 0, 0, 0, 0])  # NaN zeroed
+    np.testing.assert_array_equal(logp[2], [0, 0, 0, 0, -2.0, 0, 0])
+    ent = batch.entropy_mu.reshape(4, 7)
+    np.testing.assert_array_equal(ent[2], [0, 0, 0, 0, 0.25, 0, 0])  # inf zeroed
+    np.testing.assert_array_equal(
+        batch.advantages.reshape(4, 7),
+        [[0, 1.5, 0, 1.5, 0, 0, 0], [0, -0.5, 0, 0, 0, 0, 0], [0, 0, 0, 0, 2.0, 0, 0], [0] * 7],
+    )
+    np.testing.assert_array_equal(
+        batch.token_version.reshape(4, 7),
+        [[-1, 0, -1, 1, -1, -1, -1], [3, 3, -1, -1, -1, -1, -1],
+         [-1, -1, -1, 2, 2, -1, -1], [-1] * 7],
+    )
+    assert batch.num_loss_tokens == np.float32(4.0)
+    assert batch.logp_prox is None and batch.logp_ref is None
+    assert stats == {
+        "batch/num_rows": 3.0, "batch/padding_rows": 1.0, "batch/length": 8.0,
+        "batch/num_loss_tokens": 4.0, "batch/nonfinite_logp_mu": 1.0,
+        "batch/nonfinite_entropy_mu": 1.0, "batch/nonfinite_masked": 2.0,
+    }
+    for name in ("logp_mu", "entropy_mu", "advantages"):
+        assert np.all(np.isfinite(getattr(batch, name)))
+
+
+def test_microbatch_split_row_order(example):
+    batch, _ = example
+    # row r of the flat batch lands in microbatch r // 2
+    np.testing.assert_array_equal(batch.tokens[1, 0], [1, 2, 3, 4, 10, 11, 0, 0])
+    again = split_microbatches(batch.replace(
+        **{k: getattr(batch, k).reshape((4,) + getattr(batch, k).shape[2:])
+           for k in ("tokens", "attention_mask", "loss_mask", "advantages", "logp_mu",
+                     "entropy_mu", "token_version")}), 4)
+    assert again.tokens.shape == (4, 1, 8)
+    with pytest.raises(ValueError, match="num_microbatches=3"):
+        split_microbatches(again.replace(tokens=again.tokens.reshape(4, 8)), 3)
+
+
+def test_bucket_length():
+    assert [bucket_length(n, min_length=4) for n in (1, 4, 5, 8, 9, 100)] == [4, 4, 8, 8, 16, 128]
+    assert bucket_length(100, min_length=4, max_length=120) == 120
+    with pytest.raises(ValueError, match="max_length=50"):
+        bucket_length(51, max_length=50)
+
+
+def test_bad_inputs_name_the_field():
+    good = _traj([1], [2], [-1.0], [1.0], [0], [1])
+    with pytest.raises(ValueError, match=r"trajectories\[1\].prompt_ids"):
+        make_batch([good, _traj([], [2], [-1.0], [1.0], [0], [1])], [0.0, 0.0], pad_id=0)
+    with pytest.raises(ValueError, match=r"trajectories\[0\].loss_mask"):
+        make_batch([_traj([1], [2, 3], [-1.0, -1.0], [1.0, 1.0], [0, 0], [1])], [0.0], pad_id=0)
+    with pytest.raises(ValueError, match="advantages has shape"):
+        make_batch([good], [0.0, 1.0], pad_id=0)
+    with pytest.raises(ValueError, match="length=2"):
+        make_batch([_traj([1], [2, 3], [-1.0] * 2, [1.0] * 2, [0] * 2, [1] * 2)], [0.0],
+                   pad_id=0, length=2)
+
+
+def test_all_masked_batch_has_unit_normaliser():
+    batch, stats = make_batch([_traj([1], [2], [np.nan], [1.0], [0], [1])], [1.0], pad_id=0)
+    assert stats["batch/num_loss_tokens"] == 0.0 and batch.num_loss_tokens == 1.0
+    assert not batch.loss_mask.any()

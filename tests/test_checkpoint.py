@@ -1,0 +1,130 @@
+"""Checkpoints: bitwise resume, keep-last-N, corrupt-newest fallback, sharded restore."""
+
+import json
+import shutil
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from entr_jax.model import Decoder, ModelConfig
+from entr_jax.objectives import make_objective
+from entr_jax.sharding import MeshConfig
+from entr_jax.types import Trajectory
+from learners.checkpoint import CheckpointManager
+from learners.learner import Learner, LearnerConfig, NonFiniteError
+from learners.logging import DeferredMetrics
+from learners.optim import OptimizerConfig
+
+CFG = ModelConfig(
+    architecture="llama", vocab_size=24, hidden_size=16, intermediate_size=32, num_layers=1,
+    num_heads=2, num_kv_heads=2, head_dim=8,
+)
+
+
+def _batches(k, n=8):
+    rng = np.random.default_rng(k)
+    trajs = []
+    for _ in range(n):
+        p, r = int(rng.integers(1, 4)), int(rng.integers(1, 6))
+        trajs.append(Trajectory(
+            prompt_ids=rng.integers(0, 24, p).astype(np.int32),
+            response_ids=rng.integers(0, 24, r).astype(np.int32),
+            logp_mu=(-2.0 * rng.random(r) - 0.5).astype(np.float32),
+            entropy_mu=(2.0 * rng.random(r)).astype(np.float32),
+            token_version=np.full(r, k, np.int32), loss_mask=np.ones(r, bool),
+        ))
+    return trajs, rng.normal(size=n).astype(np.float32)
+
+
+BATCHES = [_batches(k) for k in range(4)]
+
+
+@pytest.fixture(scope="module")
+def learner(tmp_path_factory):
+    root = tmp_path_factory.mktemp("learner")
+    config = LearnerConfig(
+        mesh=MeshConfig(data=2, fsdp=4), optimizer=OptimizerConfig(learning_rate=1e-2, warmup_steps=1),
+        num_microbatches=2, chunk_size=8, max_consecutive_nonfinite=2,
+    )
+    ckpt = CheckpointManager(root / "ckpt", max_to_keep=2)
+    lrn = Learner(lambda: Decoder(CFG, rngs=nnx.Rngs(0)), config,
+                  objective=make_objective("entr"), logdir=root / "logs", checkpoint=ckpt)
+    yield lrn, root
+    lrn.close()
+
+
+def _run(lrn, batches):
+    out = [lrn.train_on(*b) for b in batches]
+    out.append(lrn.flush())
+    return [m for m in out if m is not None]
+
+
+def test_resume_is_bitwise_identical(learner):
+    lrn, root = learner
+    first = _run(lrn, BATCHES[:2])
+    assert lrn.save(data_state={"epoch": 0, "index": 2}, queue_state={"pending": []},
+                    config={"lr": 1e-2})
+    rest = _run(lrn, BATCHES[2:])
+    params_uninterrupted = jax.device_get(lrn.state.params)
+    assert int(lrn.state.version) == 4
+
+    items = lrn.restore_latest()  # "crash": throw the live state away, resume from disk
+    assert items["data_state"] == {"epoch": 0, "index": 2} and items["step"] == 2
+    assert int(lrn.state.step) == 2 and int(lrn.state.version) == 2
+    emb = lrn.state.params["embed_tokens"]["embedding"].get_value()
+    assert emb.sharding == lrn.shardings.params["embed_tokens"]["embedding"].get_value()
+    resumed = _run(lrn, BATCHES[2:])
+    for a, b in zip(jax.tree.leaves(params_uninterrupted), jax.tree.leaves(lrn.state.params)):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(rest, resumed):
+        assert set(a) == set(b)
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+    assert len(first) == 2 and first[0]["train/version"] == 1.0
+    lines = (root / "logs" / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(lines[0])["step"] == 0 and json.loads(lines[-1])["version"] == 4
+    assert lrn.rl_step.num_traces == 1
+
+
+def test_corrupt_newest_falls_back_and_keep_last_n(learner):
+    lrn, root = learner
+    ckpt = lrn.checkpoint
+    for k in range(3):  # steps 5, 6, 7 saved; max_to_keep=2 keeps 6 and 7
+        _run(lrn, BATCHES[k:k + 1])
+        lrn.save(data_state={"k": k})
+        ckpt.wait()
+    assert ckpt.all_steps() == [6, 7]
+    # a crashed save leaves only an orbax temporary directory: never listed as a step
+    (root / "ckpt" / "8.orbax-checkpoint-tmp-123").mkdir()
+    # corrupt the newest: delete every array data file of its params item
+    data_files = [p for p in (root / "ckpt" / "7" / "params").rglob("*")
+                  if p.is_file() and p.parent.name == "d"]
+    assert data_files
+    for p in data_files:
+        p.unlink()
+    with pytest.warns(UserWarning, match="step 7"):
+        items = lrn.restore_latest()
+    assert items["step"] == 6 and items["data_state"] == {"k": 1}
+    assert int(lrn.state.step) == 6
+    shutil.rmtree(root / "ckpt" / "8.orbax-checkpoint-tmp-123")
+
+
+def test_learner_stops_after_consecutive_nonfinite(learner):
+    lrn, _ = learner
+    trajs, _ = BATCHES[0]
+    # make_batch rejects non-finite advantages; finite but huge ones overflow the loss
+    bad = [(trajs, np.full(len(trajs), 1e38, np.float32))] * 3
+    version = int(lrn.state.version)
+    with pytest.raises(NonFiniteError, match="consecutive steps with non-finite"):
+        _run(lrn, bad)
+    assert int(lrn.state.version) == version
+
+
+def test_deferred_metrics_returns_previous_step():
+    d = DeferredMetrics()
+    assert d.push(0, {"loss": np.float32(1.0)}) is None
+    step, _, host = d.push(1, {"loss": np.float32(2.0)})
+    assert step == 0 and host == {"loss": 1.0}
+    assert d.flush()[2] == {"loss": 2.0} and d.flush() is None
