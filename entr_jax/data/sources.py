@@ -1,0 +1,237 @@
+"""Example sources: benchmark JSONL files, calculator annotations and reasoning-gym tasks.
+
+Every source returns a list of examples, each a dict with at least
+
+* ``id``: unique string (``"<source>/<split>/<row>"`` or the file's own id),
+* ``question``: the problem text shown to the model,
+* ``answer``: the ground-truth *final* answer string,
+* ``source``: the source name,
+
+plus source-specific extras (``solution`` worked solution, ``level``, ``subject``, ...).
+Files are read from `data_dir` (``ENTR_DATA_DIR`` or ``<repo root>/../shared/data``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import re
+from typing import Any, Callable
+
+from entr_jax.tasks.arith import ArithLimits, ArithmeticError_, format_number, safe_eval
+
+Example = dict[str, Any]
+
+_REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def data_dir() -> pathlib.Path:
+    """The data folder: ``$ENTR_DATA_DIR`` if set, else ``<repo root>/../shared/data``."""
+    env = os.environ.get("ENTR_DATA_DIR")
+    return pathlib.Path(env) if env else (_REPO_ROOT.parent / "shared" / "data").resolve()
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """Reads a JSON-lines file (blank lines skipped). Raises FileNotFoundError naming it."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data file not found: {path} (set ENTR_DATA_DIR?)")
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{line_no}: invalid JSON ({e})") from None
+    return rows
+
+
+def gsm8k_final_answer(solution: str) -> str:
+    """The number after ``####`` in a GSM8K solution, commas removed (``"1,000"`` -> ``"1000"``)."""
+    if "####" not in solution:
+        raise ValueError(f"GSM8K solution has no '####' line: {solution[-80:]!r}")
+    return solution.rsplit("####", 1)[1].strip().replace(",", "")
+
+
+def load_gsm8k(split: str = "train") -> list[Example]:
+    """GSM8K ``train`` (7473) or ``test`` (1319); extras: ``solution`` (worked solution)."""
+    if split not in ("train", "test"):
+        raise ValueError(f"load_gsm8k: split must be 'train' or 'test', got {split!r}")
+    rows = read_jsonl(data_dir() / "gsm8k" / f"{split}.jsonl")
+    return [
+        {
+            "id": f"gsm8k/{split}/{i}",
+            "question": r["question"],
+            "answer": gsm8k_final_answer(r["answer"]),
+            "solution": r["answer"],
+            "source": "gsm8k",
+        }
+        for i, r in enumerate(rows)
+    ]
+
+
+def load_math500() -> list[Example]:
+    """MATH-500 (500): ``answer`` is LaTeX; extras ``solution``, ``subject``, ``level``."""
+    rows = read_jsonl(data_dir() / "math500" / "test.jsonl")
+    return [
+        {
+            "id": r["unique_id"],
+            "question": r["problem"],
+            "answer": r["answer"],
+            "solution": r["solution"],
+            "subject": r["subject"],
+            "level": r["level"],
+            "source": "math500",
+        }
+        for r in rows
+    ]
+
+
+def _number_to_str(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def load_aime24() -> list[Example]:
+    """AIME 2024 (30); answers are 3-digit strings as published (``"025"``)."""
+    rows = read_jsonl(data_dir() / "aime24" / "test.jsonl")
+    return [
+        {
+            "id": f"aime24/{r['id']}",
+            "question": r["problem"],
+            "answer": _number_to_str(r["answer"]),
+            "solution": r.get("solution", ""),
+            "source": "aime24",
+        }
+        for r in rows
+    ]
+
+
+def load_amc23() -> list[Example]:
+    """AMC 2023 (40); the file's float answers are written as integers when integral."""
+    rows = read_jsonl(data_dir() / "amc23" / "test.jsonl")
+    return [
+        {
+            "id": f"amc23/{r['id']}",
+            "question": r["problem"],
+            "answer": _number_to_str(r["answer"]),
+            "source": "amc23",
+        }
+        for r in rows
+    ]
+
+
+# ---- calculator annotations ---------------------------------------------------------------
+
+CALC_ANNOTATION_RE = re.compile(r"<<([^<>=]*)=([^<>]*)>>")
+_SIMPLE_EXPR_RE = re.compile(r"^[0-9+\-*/(). ]+$")
+
+
+def _hash_fraction(key: str) -> float:
+    """A stable number in [0, 1) from a string (sha256; independent of PYTHONHASHSEED)."""
+    return int(hashlib.sha256(key.encode()).hexdigest()[:12], 16) / 16**12
+
+
+def gsm8k_arithmetic(
+    split: str = "train",
+    eval_fraction: float = 0.1,
+    max_chars: int = 30,
+    max_abs_result: int = 10**9,
+) -> list[Example]:
+    """Arithmetic problems from the ``<<expr=result>>`` annotations of GSM8K *train*.
+
+    Filter (documented, applied in this order): the expression contains only digits,
+    ``. + - * / ( )`` and spaces, has at most ``max_chars`` characters (spaces removed)
+    and at least one operator; it evaluates exactly (`safe_eval`) to an *integer* of
+    magnitude <= ``max_abs_result``; and the annotated result equals that value (rows
+    whose annotation is inconsistent are dropped). Expressions are deduplicated after
+    removing spaces (first occurrence kept, file order).
+
+    Split: an expression goes to ``"eval"`` when ``sha256(expr)`` maps below
+    ``eval_fraction``, else to ``"train"``; so the two splits never share an expression.
+
+    Returns examples ``{"id": "gsm8k_arith/<expr>", "question": expr, "answer": str(int),
+    "source": "gsm8k_arithmetic"}``.
+    """
+    if split not in ("train", "eval"):
+        raise ValueError(f"gsm8k_arithmetic: split must be 'train' or 'eval', got {split!r}")
+    if not 0 < eval_fraction < 1:
+        raise ValueError(f"gsm8k_arithmetic: eval_fraction must be in (0, 1), got {eval_fraction}")
+    limits = ArithLimits(max_chars=max_chars)
+    seen: set[str] = set()
+    out: list[Example] = []
+    for row in read_jsonl(data_dir() / "gsm8k" / "train.jsonl"):
+        for expr_raw, result_raw in CALC_ANNOTATION_RE.findall(row["answer"]):
+            expr = expr_raw.replace(" ", "")
+            if expr in seen or not _SIMPLE_EXPR_RE.match(expr) or len(expr) > max_chars:
+                continue
+            if not any(op in expr[1:] for op in "+-*/"):
+                continue
+            seen.add(expr)
+            try:
+                value = safe_eval(expr, limits)
+                annotated = safe_eval(result_raw.replace(" ", ""), ArithLimits())
+            except ArithmeticError_:
+                continue
+            if value.denominator != 1 or abs(value) > max_abs_result or annotated != value:
+                continue
+            is_eval = _hash_fraction(expr) < eval_fraction
+            if is_eval == (split == "eval"):
+                out.append(
+                    {
+                        "id": f"gsm8k_arith/{expr}",
+                        "question": expr,
+                        "answer": format_number(value),
+                        "source": "gsm8k_arithmetic",
+                    }
+                )
+    return out
+
+
+# ---- reasoning-gym -------------------------------------------------------------------------
+
+
+def reasoning_gym_source(
+    task: str = "basic_arithmetic", size: int = 1000, seed: int = 0, **task_kwargs: Any
+) -> list[Example]:
+    """A procedural source from the ``reasoning-gym`` package (seeded; same seed, same data).
+
+    ``answer`` is reasoning-gym's answer string; the task's metadata is kept under
+    ``metadata`` (use reasoning-gym's own ``score_answer`` for non-numeric tasks).
+    """
+    if size < 1:
+        raise ValueError(f"reasoning_gym_source: size must be >= 1, got {size}")
+    import reasoning_gym
+
+    dataset = reasoning_gym.create_dataset(task, size=size, seed=seed, **task_kwargs)
+    return [
+        {
+            "id": f"rg/{task}/{seed}/{i}",
+            "question": entry["question"],
+            "answer": str(entry["answer"]),
+            "metadata": entry.get("metadata", {}),
+            "source": f"reasoning_gym/{task}",
+        }
+        for i, entry in enumerate(dataset)
+    ]
+
+
+SOURCES: dict[str, Callable[..., list[Example]]] = {
+    "gsm8k": load_gsm8k,
+    "math500": load_math500,
+    "aime24": load_aime24,
+    "amc23": load_amc23,
+    "gsm8k_arithmetic": gsm8k_arithmetic,
+    "reasoning_gym": reasoning_gym_source,
+}
+
+
+def load_source(name: str, **kwargs: Any) -> list[Example]:
+    """Loads a source by name (keys of `SOURCES`); kwargs go to its loader."""
+    if name not in SOURCES:
+        raise ValueError(f"unknown data source {name!r}; known: {sorted(SOURCES)}")
+    return SOURCES[name](**kwargs)

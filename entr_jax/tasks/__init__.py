@@ -1,0 +1,1 @@
+"""Tasks: rewards/verifiers, environments (single-turn, calculator, local search), rollouts."""
