@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from entr_jax.sharding import MeshConfig, make_mesh
@@ -159,6 +161,22 @@ class Learner:
     def version(self) -> int:
         return int(jax.device_get(self.state.version))
 
+    def load_params(self, params: nnx.State) -> None:
+        """Start from given weights (the `nnx.Param` state of the same module, e.g. after
+        a supervised warm start): placed into the parameter shardings, optimizer state
+        re-initialised; ``version`` and ``step`` keep their values."""
+        params = jax.device_put(params, self.shardings.params)
+        opt_state = jax.jit(self.tx.init, out_shardings=self.shardings.opt_state)(params)
+        self.state = self.state.replace(params=params, opt_state=opt_state)
+
+    def published_weights(self) -> nnx.State:
+        """A copy of the full module state (params and buffers) for samplers.
+
+        A copy, because the train step donates the state: a sampler holding the learner's
+        own buffers would find them deleted after the next step.
+        """
+        return jax.tree.map(jnp.copy, nnx.state(self.state.model()))
+
     def prepare(self, trajectories: Sequence[Trajectory], advantages) -> tuple[Any, dict]:
         """Host batch -> device batch (with ``logp_prox``/``logp_ref`` when needed) + stats."""
         c = self.config
@@ -173,6 +191,20 @@ class Learner:
         if self.needs_ref:
             batch = batch.replace(logp_ref=self.logprob_fn(self.ref_params, self.state.other, batch)[0])
         return batch, stats
+
+    def token_logprobs(self, trajectories: Sequence[Trajectory]) -> dict[str, np.ndarray]:
+        """Per-token arrays of the current policy on these trajectories (no update), for
+        diagnostics: ``logp_pi``, ``entropy_pi``, ``logp_mu``, ``entropy_mu``,
+        ``token_version`` and ``loss_mask``, each ``[B, T]`` numpy (rows beyond
+        ``len(trajectories)`` are padding and are dropped)."""
+        batch, _ = self.prepare(trajectories, [0.0] * len(trajectories))
+        logp, entropy = self.logprob_fn(self.state.params, self.state.other, batch)
+        arrays = {"logp_pi": logp, "entropy_pi": entropy, "logp_mu": batch.logp_mu,
+                  "entropy_mu": batch.entropy_mu, "token_version": batch.token_version,
+                  "loss_mask": batch.loss_mask}
+        host = jax.device_get(arrays)
+        n = len(trajectories)
+        return {k: np.asarray(v).reshape(-1, v.shape[-1])[:n] for k, v in host.items()}
 
     def _run(self, step_fn, batch, stats) -> dict[str, float] | None:
         step_index = int(jax.device_get(self.state.step))

@@ -67,10 +67,10 @@ class MetricsLogger:
     Only process 0 writes (``enabled`` defaults to ``jax.process_index() == 0``); on other
     processes every method is a no-op. Files under ``logdir``: tensorboard event files and
     ``metrics.jsonl`` (one JSON object per logged step: ``step``, ``version`` and every
-    scalar metric).
+    scalar metric; ``jsonl=False`` leaves it to the caller).
     """
 
-    def __init__(self, logdir: str | Path, *, enabled: bool | None = None):
+    def __init__(self, logdir: str | Path, *, enabled: bool | None = None, jsonl: bool = True):
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
         self.logdir = Path(logdir)
         self._writer = None
@@ -80,7 +80,8 @@ class MetricsLogger:
 
             self.logdir.mkdir(parents=True, exist_ok=True)
             self._writer = SummaryWriter(str(self.logdir))
-            self._jsonl = open(self.logdir / "metrics.jsonl", "a", encoding="utf-8")
+            if jsonl:
+                self._jsonl = open(self.logdir / "metrics.jsonl", "a", encoding="utf-8")
 
     def log_hparams(self, hparams: Mapping[str, Any]) -> None:
         """Record the (flattened) hyper-parameters once, at step 0."""
@@ -109,8 +110,9 @@ class MetricsLogger:
             value = float(value)
             self._writer.add_scalar(key, value, step)
             record[key] = value if math.isfinite(value) else str(value)
-        self._jsonl.write(json.dumps(record) + "\n")
-        self._jsonl.flush()
+        if self._jsonl is not None:
+            self._jsonl.write(json.dumps(record) + "\n")
+            self._jsonl.flush()
 
     def _add_hist(self, key: str, counts: np.ndarray, step: int) -> None:
         edges = HISTOGRAM_EDGES[key].astype(np.float64)
@@ -134,7 +136,8 @@ class MetricsLogger:
     def close(self) -> None:
         if self.enabled:
             self._writer.close()
-            self._jsonl.close()
+            if self._jsonl is not None:
+                self._jsonl.close()
 
 
 def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -22,7 +22,10 @@ clipping), ``train/update_norm`` (L2 norm of the applied update, 0 when skipped)
 ``train/nonfinite_loss``, ``train/nonfinite_grad``, ``train/version`` (after the step),
 ``tokens/num_loss_tokens`` (counted on device from ``loss_mask``), ``entropy_pi/mean`` (mean
 full-vocabulary entropy of pi over loss tokens, nats), ``log_ratio_pi_mu/mean`` and
-``log_ratio_pi_mu/abs_max`` (``logp_pi - logp_mu`` on loss tokens), ``staleness/mean`` and
+``log_ratio_pi_mu/abs_max`` (``logp_pi - logp_mu`` on loss tokens), ``entropy_mu/mean``,
+``kl_mu_pi/k3`` (the k3 estimate of KL(mu || pi), `entr_jax.metrics.k3_sum`),
+``ratio_by_entropy/b{i}/{count,delta_sq_mean,entropy_mean}`` (E[delta^2] per behavior
+entropy bucket, `entr_jax.metrics.ratio_by_entropy_bucket_sums`), ``staleness/mean`` and
 ``staleness/max`` (``version - token_version`` on loss tokens, with the version *before*
 the step, i.e. the one the gradient is taken at), and histograms ``hist/log_ratio_pi_mu``
 and ``hist/entropy_pi`` with edges `HISTOGRAM_EDGES` (values outside are clamped into the
@@ -42,6 +45,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
+from entr_jax import metrics as diag
 from entr_jax.logprobs import token_logprobs_entropy
 from entr_jax.sharding import batch_sharding, replicated
 from entr_jax.types import Batch
@@ -97,6 +101,9 @@ def _token_sums(logp, entropy, mb, version) -> tuple[dict, dict]:
     sums = {
         "tokens/num_loss_tokens": jnp.sum(mask.astype(f32)),
         "entropy_pi/sum": jnp.sum(ent),
+        "entropy_mu/sum": jnp.sum(jnp.where(mask, mb.entropy_mu, 0.0)),
+        "kl_mu_pi/k3_sum": diag.k3_sum(log_ratio, mask),
+        **diag.ratio_by_entropy_bucket_sums(log_ratio, mb.entropy_mu, mask),
         "log_ratio_pi_mu/sum": jnp.sum(log_ratio),
         "staleness/sum": jnp.sum(staleness),
         "hist/log_ratio_pi_mu": _masked_hist(
@@ -258,6 +265,9 @@ def make_train_step(
                 "train/version": version.astype(jnp.float32),
                 "tokens/num_loss_tokens": sums["tokens/num_loss_tokens"],
                 "entropy_pi/mean": sums["entropy_pi/sum"] / n_tok,
+                "entropy_mu/mean": sums["entropy_mu/sum"] / n_tok,
+                "kl_mu_pi/k3": sums["kl_mu_pi/k3_sum"] / n_tok,
+                **diag.bucket_means(sums),
                 "log_ratio_pi_mu/mean": sums["log_ratio_pi_mu/sum"] / n_tok,
                 "log_ratio_pi_mu/abs_max": jnp.maximum(maxes["log_ratio_pi_mu/abs_max"], 0.0),
                 "staleness/mean": sums["staleness/sum"] / n_tok,

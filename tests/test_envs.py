@@ -256,3 +256,20 @@ def test_search_corpus_and_env():
     assert f"[{company_doc.doc_id}] {company}:" in text and person_doc.text in text
     assert "<error>unknown doc_id 'doc-999'</error>" in text
     assert normalize_name("Zan-Tor \\text{Labs}.") == "zantorlabs"
+
+
+class VisibleEosTokenizer(ByteTokenizer):
+    """Like ByteTokenizer, but decode renders EOS as text (as real tokenizers do)."""
+
+    def decode(self, ids):
+        return "".join("<eos>" if i == EOS else chr(i) for i in ids)
+
+
+def test_final_eos_is_not_part_of_the_text_the_environment_scores():
+    verifier = MathVerifier()
+    env = lambda: SingleTurnEnv(PromptTemplate(style="plain", instruction=""), MathScorer(verifier))
+    trajs = run_episodes(ScriptedSampler([["#### 24"]]), VisibleEosTokenizer(), env,
+                         [EXAMPLE], PARAMS, 1)
+    assert trajs[0].reward == 1.0 and trajs[0].info["pred"] == "24"
+    assert trajs[0].response_ids[-1] == EOS and trajs[0].loss_mask[-1]  # still trained on
+    verifier.close()

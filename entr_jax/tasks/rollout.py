@@ -10,7 +10,8 @@ distinct prompts with ``num_samples=G``; later turns: each episode's context wit
    rest is discarded, ``finish_reason="stop"``; a prefix of a sample is a sample of that
    prefix, so the recorded ``logp_mu`` stay exact),
 
-appended as policy tokens (``loss_mask`` true), decoded and passed to ``env.step``. A
+appended as policy tokens (``loss_mask`` true), decoded (without a final EOS token of
+``tokenizer.eos_token_ids``, which stays in the trajectory) and passed to ``env.step``. A
 returned observation is tokenized with ``tokenizer.encode`` and appended as environment
 tokens (``loss_mask`` false, ``logp_mu = entropy_mu = 0``, ``token_version = -1``), cut to
 ``max_observation_tokens`` and to the remaining budget. An episode that is not done after
@@ -190,7 +191,10 @@ def _advance(e: _Episode, gen: Generation, tokenizer: Any, config: RolloutConfig
     e.append(gen.response_ids[:n], gen.logp_mu[:n], gen.entropy_mu[:n], gen.token_version[:n], True)
     e.finish_reason = finish
     e.turns += 1
-    text = tokenizer.decode([int(t) for t in gen.response_ids[:n]])
+    text_ids = [int(t) for t in gen.response_ids[:n]]
+    if text_ids and text_ids[-1] in set(getattr(tokenizer, "eos_token_ids", ())):
+        text_ids.pop()  # the stop token ends the turn; it is trained on, not read as text
+    text = tokenizer.decode(text_ids)
     observation, done, reward, info = e.env.step(text)
     e.info.update(info)
     if done:

@@ -1,0 +1,220 @@
+"""The run configuration: frozen, typed dataclasses, one per concern.
+
+Every field is overridable from the command line through ``tyro`` with its dotted name
+(``--staleness.inter_lag 5``, ``--objective.name grpo``, ``--objective.entr.tau 0.5``);
+validation happens when a config is built and errors name the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Literal
+
+from entr_jax.advantages import AdvantageConfig
+from entr_jax.objectives import OBJECTIVES
+from entr_jax.sharding import MeshConfig
+from entr_jax.staleness import StalenessConfig
+from learners.optim import OptimizerConfig
+
+_ALIASES = {"estr"}  # registry aliases, not separate config sections
+
+
+def _require(ok: bool, field: str, value: Any, what: str) -> None:
+    if not ok:
+        raise ValueError(f"{field} must be {what}, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """Which policy to train.
+
+    Attributes:
+      path: local Hugging Face directory (config.json, safetensors, tokenizer files);
+        empty = the embedded tiny default (``entr_jax/assets/tiny``, weights from
+        ``init_seed``).
+      init_seed: seed of the random initialisation of the tiny default.
+      dtype: learner compute dtype.
+      param_dtype: parameter storage dtype.
+      sampler_dtype: compute dtype of the embedded sampler (bfloat16 against a float32
+        learner is a real train/inference mismatch).
+    """
+
+    path: str = ""
+    init_seed: int = 0
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    sampler_dtype: Literal["float32", "bfloat16"] = "float32"
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """What the policy is trained and evaluated on (``../shared/data``).
+
+    Attributes:
+      name: ``arithmetic`` (the calculator annotations of GSM8K's training solutions),
+        ``gsm8k`` (single turn), ``gsm8k_calculator`` (multi-turn with a calculator tool),
+        ``math`` (MATH-style, evaluated on MATH-500/AIME24/AMC23), ``search`` (multi-hop
+        questions over a local BM25 corpus).
+      template: ``plain`` for base models, ``chat`` for instruct models.
+      prompts_per_step: P prompts per rollout batch.
+      samples_per_prompt: G samples per prompt (the GRPO group).
+      max_new_tokens: generation budget per turn.
+      max_turns: turns per episode (multi-turn tasks).
+      max_total_tokens: bound on prompt + response tokens per episode.
+      eval_examples: held-out examples per evaluation benchmark (0 = all).
+      eval_samples: k samples per example for avg@k / pass@k (sampled evaluation).
+      arithmetic_max_chars: ``arithmetic`` only: longest expression kept (characters,
+        spaces removed; `entr_jax.data.sources.gsm8k_arithmetic`).
+    """
+
+    name: Literal["arithmetic", "gsm8k", "gsm8k_calculator", "math", "search"] = "arithmetic"
+    template: Literal["plain", "chat"] = "plain"
+    prompts_per_step: int = 16
+    samples_per_prompt: int = 8
+    max_new_tokens: int = 16
+    max_turns: int = 1
+    max_total_tokens: int = 256
+    eval_examples: int = 256
+    eval_samples: int = 4
+    arithmetic_max_chars: int = 30
+
+    def __post_init__(self):
+        for f in ("arithmetic_max_chars", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "max_turns",
+                  "max_total_tokens", "eval_samples"):
+            _require(getattr(self, f) >= 1, f"task.{f}", getattr(self, f), ">= 1")
+        _require(self.eval_examples >= 0, "task.eval_examples", self.eval_examples, ">= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSpec:
+    """Rollout sampling parameters (RL defaults: no filtering)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+
+
+def _objective_spec_class() -> type:
+    fields: list[tuple[str, Any, Any]] = [
+        ("name", str, dataclasses.field(default="entr")),
+    ]
+    for name, (_, cfg_cls) in OBJECTIVES.items():
+        if name in _ALIASES:
+            continue
+        fields.append((name, cfg_cls, dataclasses.field(default=cfg_cls())))
+
+    def __post_init__(self):
+        if self.name not in OBJECTIVES:
+            raise ValueError(
+                f"objective.name {self.name!r} is unknown; known objectives: {sorted(OBJECTIVES)}"
+            )
+
+    def selected(self):
+        """The config of the selected objective."""
+        return getattr(self, "entr" if self.name in _ALIASES else self.name)
+
+    cls = dataclasses.make_dataclass(
+        "ObjectiveSpec", fields, frozen=True,
+        namespace={"__post_init__": __post_init__, "selected": selected},
+    )
+    cls.__doc__ = (
+        "The objective: ``name`` selects one of the registry's methods; every method's "
+        "hyperparameters are its own typed section (``objective.<name>.<field>``)."
+    )
+    cls.__module__ = __name__
+    return cls
+
+
+ObjectiveSpec = _objective_spec_class()
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTSpec:
+    """Supervised warm start on demonstrations before RL (0 steps disables it)."""
+
+    steps: int = 0
+    batch_size: int = 64
+    learning_rate: float = 1e-3
+    warmup_steps: int = 10
+
+    def __post_init__(self):
+        _require(self.steps >= 0, "sft.steps", self.steps, ">= 0")
+        _require(self.batch_size >= 1, "sft.batch_size", self.batch_size, ">= 1")
+        _require(self.learning_rate > 0, "sft.learning_rate", self.learning_rate, "> 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerSpec:
+    """Learner step layout.
+
+    Attributes:
+      microbatches: gradient-accumulation microbatches per optimizer step (divides the
+        batch).
+      mesh: mesh shape (``data``, ``fsdp``, ``tensor``; ``data = -1`` takes the devices
+        left over). A single device is the 1x1x1 mesh.
+      max_bad_steps: stop after this many consecutive non-finite steps.
+      logprob_chunk: sequence chunk of the memory-lean log-prob computation.
+    """
+
+    microbatches: int = 1
+    mesh: MeshConfig = MeshConfig()
+    max_bad_steps: int = 5
+    logprob_chunk: int = 128
+
+    def __post_init__(self):
+        _require(self.microbatches >= 1, "learner.microbatches", self.microbatches, ">= 1")
+        _require(self.max_bad_steps >= 1, "learner.max_bad_steps", self.max_bad_steps, ">= 1")
+        _require(self.logprob_chunk >= 1, "learner.logprob_chunk", self.logprob_chunk, ">= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSpec:
+    """Checkpointing: every ``every`` RL steps (0 = only at the end), keep the last ``keep``."""
+
+    every: int = 10
+    keep: int = 3
+
+    def __post_init__(self):
+        _require(self.every >= 0, "checkpoint.every", self.every, ">= 0")
+        _require(self.keep >= 1, "checkpoint.keep", self.keep, ">= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """One training run.
+
+    Attributes:
+      name: run name (also the default run directory ``runs/<name>``).
+      run_dir: where everything is written; empty = ``runs/<name>``.
+      seed: master seed (data order, sampling, initialisation of the tiny model).
+      rl_steps: learner (optimizer) steps of RL.
+      log_every: print a progress line every this many steps.
+      token_samples_every: store per-token (delta, entropy_mu) samples for the analysis
+        notebooks every this many steps (0 = never).
+    """
+
+    name: str = "run"
+    run_dir: str = ""
+    seed: int = 0
+    rl_steps: int = 100
+    log_every: int = 1
+    token_samples_every: int = 10
+    model: ModelSpec = ModelSpec()
+    task: TaskSpec = TaskSpec()
+    sampling: SamplingSpec = SamplingSpec()
+    advantages: AdvantageConfig = AdvantageConfig()
+    objective: ObjectiveSpec = ObjectiveSpec()  # type: ignore[valid-type]
+    optim: OptimizerConfig = OptimizerConfig(learning_rate=1e-4)
+    sft: SFTSpec = SFTSpec()
+    learner: LearnerSpec = LearnerSpec()
+    staleness: StalenessConfig = StalenessConfig()
+    checkpoint: CheckpointSpec = CheckpointSpec()
+
+    def __post_init__(self):
+        _require(self.rl_steps >= 0, "rl_steps", self.rl_steps, ">= 0")
+        _require(self.log_every >= 1, "log_every", self.log_every, ">= 1")
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True, default=str)

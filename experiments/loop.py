@@ -1,0 +1,406 @@
+"""The RL job: policy + sampler + task + staleness queue + learner, wired together.
+
+Phases of a fresh run: evaluation of the initial policy (``eval/init.json``), the optional
+supervised warm start (``sft.jsonl``), evaluation before RL (``eval/before_rl.json``),
+``rl_steps`` learner steps, evaluation after RL (``eval/after_rl.json``) and
+``summary.json``. Files are described in `experiments.rundir`.
+
+Staleness modes (`entr_jax.staleness`):
+
+* ``sync`` / ``simulated``: one thread. Before learner step ``n`` the loop generates, with
+  the current weights, every batch the delay line says is due, replaying intra-trajectory
+  switches from the parameter ring; then step ``n`` consumes batch ``n``. Everything is a
+  function of the config and seed, so two runs write identical ``metrics.jsonl`` files.
+* ``async``: `experiments.async_loop` runs the sampler in a thread that overlaps the
+  learner; staleness is measured.
+
+A checkpoint (every ``checkpoint.every`` steps and at the end) holds the learner state,
+the data-iterator position, the delay line contents and the loop's bookkeeping; the
+parameter ring goes to ``ring/<step>.npz``. ``--resume`` restores all of it and drops
+metric lines past the checkpoint, so a killed run loses and repeats no batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from tqdm import tqdm
+
+from entr_jax.advantages import compute_advantages
+from entr_jax.assets import tiny_dir
+from entr_jax.data import PromptBatchIterator, PromptDataConfig
+from entr_jax.evaluation import benchmark_metrics
+from entr_jax.interfaces import SamplingParams
+from entr_jax.model import Decoder, ModelConfig, from_pretrained
+from entr_jax.objectives import make_objective
+from entr_jax.staleness import DelayLine, ParamRing
+from entr_jax.tasks.rollout import run_episodes
+from entr_jax.tokenizer import Tokenizer
+from experiments import rollouts as ro
+from experiments.config import RunConfig
+from experiments.rundir import RunDir
+from experiments.tasks import TaskBundle, build_task, demo_trajectory
+from learners.checkpoint import CheckpointManager
+from learners.learner import Learner, LearnerConfig
+from learners.logging import MetricsLogger
+from learners.optim import OptimizerConfig
+from samplers.jax_sampler import JaxSampler, JaxSamplerConfig
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# metric keys that depend on wall-clock time; they go to timing.jsonl, not metrics.jsonl
+_TIMING_PREFIXES = ("time/", "throughput/")
+
+
+class RunExistsError(FileExistsError):
+    """The run directory already holds a run and ``--resume`` was not given."""
+
+
+def _split_timing(record: dict[str, Any]) -> tuple[dict, dict]:
+    timing = {k: v for k, v in record.items() if k.startswith(_TIMING_PREFIXES)}
+    return {k: v for k, v in record.items() if k not in timing}, timing
+
+
+class Job:
+    """One run of `RunConfig` (see the module docstring)."""
+
+    def __init__(self, cfg: RunConfig, *, resume: bool = False, show_progress: bool = True):
+        self.cfg = cfg
+        self.run = RunDir(cfg.run_dir or f"runs/{cfg.name}")
+        self.resume = resume
+        self.show_progress = show_progress
+        if not resume and ((self.run / "metrics.jsonl").exists() or self.run.has_checkpoint()):
+            raise RunExistsError(
+                f"{self.run.path} already holds a run: pass --resume to continue it, or "
+                "choose another --run_dir"
+            )
+
+    # ------------------------------------------------------------------ construction
+    def _policy(self):
+        spec = self.cfg.model
+        model_dir = spec.path or str(tiny_dir())
+        with open(f"{model_dir}/config.json") as f:
+            model_cfg = ModelConfig.from_hf_config(json.load(f))
+        dtype, pdtype = _DTYPES[spec.dtype], _DTYPES[spec.param_dtype]
+        seed = spec.init_seed
+
+        def module_fn():
+            return Decoder(model_cfg, rngs=nnx.Rngs(seed), dtype=dtype, param_dtype=pdtype)
+
+        weights = None
+        if spec.path:
+            loaded = from_pretrained(spec.path, dtype=dtype, param_dtype=pdtype)
+            weights = nnx.split(loaded, nnx.Param, ...)[1]
+        return Tokenizer.from_pretrained(model_dir), module_fn, weights
+
+    def _learner_config(self, optimizer: OptimizerConfig, pad_id: int) -> LearnerConfig:
+        lc = self.cfg.learner
+        return LearnerConfig(
+            mesh=lc.mesh,
+            optimizer=optimizer,
+            num_microbatches=lc.microbatches,
+            chunk_size=lc.logprob_chunk,
+            temperature=self.cfg.sampling.temperature,
+            pad_id=pad_id,
+            max_consecutive_nonfinite=lc.max_bad_steps,
+            seed=self.cfg.seed,
+        )
+
+    def _sampling(self, batch_id: int, stream: int = 0, **overrides) -> SamplingParams:
+        s, t = self.cfg.sampling, self.cfg.task
+        kw = dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
+                  max_new_tokens=t.max_new_tokens,
+                  stop_token_ids=tuple(self.tokenizer.eos_token_ids),
+                  seed=ro.sampling_seed(self.cfg.seed, batch_id, stream))
+        kw.update(overrides)
+        return SamplingParams(**kw)
+
+    def _episodes(self, sampler, examples, params, num_samples, group_offset=0):
+        return run_episodes(sampler, self.tokenizer, self.task.env_factory, examples, params,
+                            num_samples, self.task.rollout, group_offset)
+
+    # ------------------------------------------------------------------ phases
+    def evaluate(self, phase: str, weights: Any, version: int) -> dict[str, Any]:
+        """avg@k / pass@k (sampled, k = ``task.eval_samples``) and greedy accuracy on every
+        evaluation set; written to ``eval/<phase>.json``."""
+        self.sampler.update_weights(weights, version)
+        k = self.cfg.task.eval_samples
+        out: dict[str, Any] = {"phase": phase, "version": version, "benchmarks": {}}
+        for name, examples in self.task.eval_sets.items():
+            greedy = self._episodes(self.sampler, examples,
+                                    self._sampling(0, 1, top_k=1, top_p=1.0, min_p=0.0), 1)
+            sampled = self._episodes(self.sampler, examples, self._sampling(0, 2), k)
+            flags = [_correct(t) for t in sampled]
+            per_example = [flags[i * k:(i + 1) * k] for i in range(len(examples))]
+            ks = sorted({1, k})
+            out["benchmarks"][name] = benchmark_metrics(
+                per_example, ks=ks, greedy=[_correct(t) for t in greedy])
+        self.run.write_json(f"eval/{phase}.json", out)
+        return out
+
+    def warm_start(self, module_fn) -> Any:
+        """Supervised warm start on the task's demonstrations; returns the params."""
+        sft, demos = self.cfg.sft, self.task.demos
+        if not demos:
+            raise ValueError(f"sft.steps > 0 but task {self.cfg.task.name!r} has no demonstrations")
+        opt = OptimizerConfig(learning_rate=sft.learning_rate, warmup_steps=sft.warmup_steps,
+                              weight_decay=0.0, max_grad_norm=1.0)
+        learner = Learner(module_fn, self._learner_config(opt, self.tokenizer.pad_token_id))
+        trajs = [demo_trajectory(d, self.tokenizer) for d in demos]
+        rng = np.random.default_rng([self.cfg.seed, 3])
+        order = np.concatenate([rng.permutation(len(trajs))
+                                for _ in range(sft.steps * sft.batch_size // len(trajs) + 1)])
+        records = []
+        for step in range(sft.steps):
+            idx = order[step * sft.batch_size:(step + 1) * sft.batch_size]
+            m = learner.sft_on([trajs[i] for i in idx])
+            if m is not None:
+                records.append({"step": step - 1, "loss": m["loss"]})
+        m = learner.flush()
+        records.append({"step": sft.steps - 1, "loss": m["loss"]})
+        for r in records:
+            self.run.append_jsonl("sft.jsonl", r)
+        params = learner.state.params
+        learner.close()
+        return params
+
+    # ------------------------------------------------------------------ main
+    def setup(self) -> None:
+        cfg = self.cfg
+        self.tokenizer, self.module_fn, weights = self._policy()
+        self.task: TaskBundle = build_task(cfg.task)
+        obj_cfg = dataclasses.asdict(cfg.objective.selected())
+        self.objective = make_objective(cfg.objective.name, **obj_cfg)
+        self.learner = Learner(
+            self.module_fn,
+            self._learner_config(cfg.optim, self.tokenizer.pad_token_id),
+            objective=self.objective,
+            checkpoint=CheckpointManager(self.run.checkpoint_dir, max_to_keep=cfg.checkpoint.keep),
+        )
+        if weights is not None:
+            self.learner.load_params(weights)
+        rows = cfg.task.prompts_per_step * cfg.task.samples_per_prompt
+        self.sampler = JaxSampler(
+            self.learner.state.model(), version=0,
+            config=JaxSamplerConfig(max_batch_size=min(256, rows), dtype=cfg.model.sampler_dtype),
+        )
+        self.data = PromptBatchIterator(
+            self.task.train, PromptDataConfig(batch_size=cfg.task.prompts_per_step, seed=cfg.seed))
+        self.line = DelayLine(cfg.staleness)
+        self.ring: ParamRing = ParamRing(cfg.staleness.ring_size)
+        self.logger = MetricsLogger(self.run / "tb", jsonl=False)
+        self._pending: list[dict[str, Any]] = []  # loop records awaiting learner metrics
+
+    def generate(self, batch_id: int) -> ro.RolloutBatch:
+        """Generate the rollout batch ``batch_id`` with the newest weights in the ring (and
+        the intra-trajectory switches the staleness plan gives it)."""
+        versions, steps = ro.intra_versions(self.cfg.staleness, batch_id, self.ring)
+        return ro.generate_batch(
+            self.sampler, self._episodes, batch_id, next(self.data), versions, steps,
+            self.ring, self._sampling(batch_id), self.cfg.task.samples_per_prompt)
+
+    def advantages(self, batch: ro.RolloutBatch) -> np.ndarray:
+        t = self.cfg.task
+        rewards = np.array([tr.reward for tr in batch.trajectories], np.float32)
+        adv = compute_advantages(rewards.reshape(t.prompts_per_step, t.samples_per_prompt),
+                                 self.cfg.advantages)
+        return np.asarray(adv, np.float32).reshape(-1)
+
+    def learn(self, batch: ro.RolloutBatch, record: dict[str, Any]) -> None:
+        """One learner step on ``batch``; ``record`` (loop metrics of this step) is logged
+        together with the learner's metrics once they are fetched (one step later)."""
+        n = record["step"]
+        every = self.cfg.token_samples_every
+        if every and n % every == 0:
+            arrays = self.learner.token_logprobs(batch.trajectories)
+            (self.run / "token_samples").mkdir(exist_ok=True)
+            np.savez_compressed(self.run / "token_samples" / f"step_{n}.npz", **arrays)
+        start = time.perf_counter()
+        previous = self.learner.train_on(batch.trajectories, self.advantages(batch))
+        version = self.learner.version  # waits for the step: the sampler needs its weights
+        learn_s = time.perf_counter() - start
+        tokens = sum(int(np.sum(t.loss_mask)) for t in batch.trajectories)
+        record.update({"time/learn_s": learn_s,
+                       "throughput/trained_tokens_per_s": tokens / max(learn_s, 1e-9)})
+        self._pending.append(record)
+        self._log(previous)
+        if version not in self.ring.versions:
+            self.ring.push(version, self.learner.published_weights())
+
+    def _log(self, learner_metrics: dict[str, Any] | None) -> None:
+        if learner_metrics is None:
+            return
+        record = self._pending.pop(0)
+        merged = {**record, **{k: v for k, v in learner_metrics.items()
+                               if not k.startswith("hist/")}}
+        metrics, timing = _split_timing(merged)
+        self.run.append_jsonl("metrics.jsonl", metrics)
+        self.run.append_jsonl("timing.jsonl", {"step": record["step"], **timing})
+        tb = {k: v for k, v in {**merged, **learner_metrics}.items()
+              if k.startswith("hist/") or isinstance(v, (int, float))}
+        tb.pop("step", None)
+        tb.pop("version", None)
+        self.logger.log(record["step"], record["version"], tb)
+
+    def flush(self) -> None:
+        """Fetch and log the last dispatched step's learner metrics."""
+        self._log(self.learner.flush())
+
+    def _run_simulated(self, book: dict[str, Any]) -> None:
+        cfg = self.cfg
+        bar = tqdm(range(book["start_step"], cfg.rl_steps), desc=f"RL ({cfg.objective.name})",
+                   disable=not self.show_progress, dynamic_ncols=True)
+        for n in bar:
+            version = self.learner.version
+            sample_s, sampled = 0.0, 0
+            for m in self.line.due(n):
+                made = self.generate(m)
+                self.line.put(m, made)
+                sample_s += made.sample_s
+                sampled += sum(int(np.sum(t.loss_mask)) for t in made.trajectories)
+            batch = self.line.pop(n)
+            record = {"step": n, "version": version, **ro.rollout_metrics(batch, version),
+                      "time/sample_s": sample_s, "time/wait_s": 0.0,
+                      "throughput/sampled_tokens_per_s": sampled / max(sample_s, 1e-9)}
+            self.learn(batch, record)
+            bar.set_postfix(reward=f"{record['reward/mean']:.3f}",
+                            inter=record["staleness/inter_mean"],
+                            intra=record["staleness/intra_mean"])
+            every = cfg.checkpoint.every
+            if (every and (n + 1) % every == 0) or n + 1 == cfg.rl_steps:
+                self.checkpoint(book, n + 1)
+
+    def elapsed_s(self) -> float:
+        """Wall seconds of this run, including the time before a resume."""
+        return self._elapsed_base + time.perf_counter() - self._t0
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint(self, book: dict[str, Any], next_step: int) -> None:
+        """Save everything needed to continue at ``next_step`` (metrics flushed first)."""
+        self.flush()
+        book["start_step"] = next_step
+        book["elapsed_s"] = self.elapsed_s()
+        queue = {
+            "delay_line": {
+                "consumed": self.line.state_dict()["consumed"],
+                "pending": {str(k): b.to_json()
+                            for k, b in self.line.state_dict()["pending"].items()},
+            },
+            "book": book,
+        }
+        ring_dir = self.run / "ring"
+        ring_dir.mkdir(exist_ok=True)
+        flat = {}
+        for v in self.ring.versions:
+            for i, leaf in enumerate(jax.tree.leaves(self.ring.get(v))):
+                flat[f"v{v}_{i}"] = np.asarray(leaf)
+        np.savez(ring_dir / f"{next_step}.npz", versions=np.array(self.ring.versions), **flat)
+        self.learner.save(data_state=self.data.get_state(), queue_state=queue,
+                          config=json.loads(self.cfg.to_json()))
+        self.learner.checkpoint.wait()
+        kept = set(self.learner.checkpoint.all_steps())
+        for f in ring_dir.glob("*.npz"):
+            if int(f.stem) not in kept:
+                f.unlink()
+
+    def _restore(self) -> dict[str, Any] | None:
+        items = self.learner.restore_latest()
+        if items is None:
+            return None
+        queue = items["queue_state"]
+        book = queue["book"]
+        self.data.set_state(items["data_state"])
+        line = queue["delay_line"]
+        self.line.load_state_dict({
+            "consumed": line["consumed"],
+            "pending": {int(k): ro.RolloutBatch.from_json(b) for k, b in line["pending"].items()},
+        })
+        template = self.learner.published_weights()
+        treedef = jax.tree.structure(template)
+        n_leaves = treedef.num_leaves
+        with np.load(self.run / "ring" / f"{book['start_step']}.npz") as z:
+            for v in z["versions"].tolist():
+                leaves = [jnp.asarray(z[f"v{v}_{i}"]) for i in range(n_leaves)]
+                self.ring.push(int(v), jax.tree.unflatten(treedef, leaves))
+        for name in ("metrics.jsonl", "timing.jsonl"):
+            self.run.truncate_jsonl(name, book["start_step"])
+        return book
+
+    # ------------------------------------------------------------------ main
+    def run_job(self) -> dict[str, Any]:
+        """Run (or resume) the job; returns the summary."""
+        cfg = self.cfg
+        self._t0 = time.perf_counter()
+        if self.resume and self.run.is_finished():
+            return self.run.read_json("summary.json")
+        self.run.start(cfg.to_json())
+        self.setup()
+        book = self._restore() if self.resume else None
+        if book is None:
+            for name in ("metrics.jsonl", "timing.jsonl", "sft.jsonl"):
+                (self.run / name).unlink(missing_ok=True)
+            book = {"start_step": 0, "elapsed_s": 0.0, "evals": {}}
+            book["evals"]["init"] = self.evaluate("init", self.learner.published_weights(), 0)
+            if cfg.sft.steps > 0:
+                self.learner.load_params(self.warm_start(self.module_fn))
+            weights = self.learner.published_weights()
+            book["evals"]["before_rl"] = self.evaluate("before_rl", weights, 0)
+            self.ring.push(0, weights)
+            self.logger.log_hparams(json.loads(cfg.to_json()))
+        self._elapsed_base = book["elapsed_s"]
+        if cfg.staleness.mode == "async":
+            from experiments.async_loop import run_async
+
+            run_async(self, book)
+        else:
+            self._run_simulated(book)
+        self.flush()
+        version = self.learner.version
+        book["evals"]["after_rl"] = self.evaluate("after_rl", self.learner.published_weights(),
+                                                  version)
+        book["elapsed_s"] = self.elapsed_s()
+        summary = self._summary(book)
+        self.run.write_json("summary.json", summary)
+        self.learner.close()
+        self.logger.close()
+        self.task.verifier.close()
+        return summary
+
+    def _summary(self, book: dict[str, Any]) -> dict[str, Any]:
+        primary = next(iter(self.task.eval_sets))
+        k = self.cfg.task.eval_samples
+
+        def bench(phase):
+            return book["evals"][phase]["benchmarks"][primary]
+
+        rewards = [r["reward/mean"] for r in self.run.read_jsonl("metrics.jsonl")]
+        w = max(1, min(10, len(rewards)))
+        return {
+            "primary_benchmark": primary,
+            "eval_metric": f"avg@{k} (sampled at temperature {self.cfg.sampling.temperature})",
+            "eval_accuracy_init": bench("init")["avg@n"],
+            "eval_accuracy_before": bench("before_rl")["avg@n"],
+            "eval_accuracy_after": bench("after_rl")["avg@n"],
+            "eval_greedy_before": bench("before_rl")["greedy"],
+            "eval_greedy_after": bench("after_rl")["greedy"],
+            f"eval_pass@{k}_before": bench("before_rl")[f"pass@{k}"],
+            f"eval_pass@{k}_after": bench("after_rl")[f"pass@{k}"],
+            "rl_steps": self.cfg.rl_steps,
+            "sft_steps": self.cfg.sft.steps,
+            "reward_first": float(np.mean(rewards[:w])) if rewards else None,
+            "final_reward": float(np.mean(rewards[-w:])) if rewards else None,
+            "wall_clock_s": book["elapsed_s"],
+            "objective": self.cfg.objective.name,
+            "staleness_mode": self.cfg.staleness.mode,
+            "evals": {phase: book["evals"][phase]["benchmarks"] for phase in book["evals"]},
+        }
+
+
+def _correct(traj) -> bool:
+    return bool(traj.info.get("correct", traj.reward >= 1.0))

@@ -1,0 +1,166 @@
+"""Rollout batches: generation under a staleness plan, their metrics, and (de)serialisation
+for checkpoints. Used by the loop in `experiments.loop`."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from entr_jax import staleness as st
+from entr_jax.interfaces import Sampler, SamplingParams
+from entr_jax.types import Trajectory
+
+_TRAJ_ARRAYS = {
+    "prompt_ids": np.int32, "response_ids": np.int32, "logp_mu": np.float32,
+    "entropy_mu": np.float32, "token_version": np.int32, "loss_mask": bool,
+}
+
+
+@dataclasses.dataclass
+class RolloutBatch:
+    """One learner batch worth of trajectories (P prompts x G samples).
+
+    Attributes:
+      batch_id: the learner step ``n`` that consumes it (also the data position).
+      generation_version: learner version when it was generated (the last version used).
+      trajectories: P*G trajectories, example-major.
+      sample_s: wall seconds spent generating it.
+    """
+
+    batch_id: int
+    generation_version: int
+    trajectories: list[Trajectory]
+    sample_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        trajs = []
+        for t in self.trajectories:
+            d = {k: np.asarray(getattr(t, k)).tolist() for k in _TRAJ_ARRAYS}
+            d.update(reward=float(t.reward), group_id=int(t.group_id),
+                     finish_reason=t.finish_reason, info=_plain(t.info))
+            trajs.append(d)
+        return {"batch_id": self.batch_id, "generation_version": self.generation_version,
+                "sample_s": self.sample_s, "trajectories": trajs}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "RolloutBatch":
+        trajs = [
+            Trajectory(**{k: np.asarray(t[k], dtype) for k, dtype in _TRAJ_ARRAYS.items()},
+                       reward=t["reward"], group_id=t["group_id"],
+                       finish_reason=t["finish_reason"], info=t["info"])
+            for t in d["trajectories"]
+        ]
+        return cls(d["batch_id"], d["generation_version"], trajs, d["sample_s"])
+
+
+def _plain(obj: Any) -> Any:
+    """JSON-safe copy of a trajectory's info dict."""
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, (np.integer, np.floating, np.bool_)):
+        return obj.item()
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    return str(obj)
+
+
+class ScheduledSampler:
+    """Adapter that replays an intra-trajectory weight schedule on the first `generate`.
+
+    The first call (the first turn of every episode) passes ``weight_schedule`` to the
+    wrapped sampler, so tokens at decode steps ``>= s`` use the next version; afterwards
+    the last version of the schedule is installed, so later turns never go back in
+    version. Only the `Sampler` protocol plus the ``weight_schedule`` keyword of
+    `samplers.jax_sampler.JaxSampler` are used.
+    """
+
+    def __init__(self, sampler: Any, schedule: Sequence[tuple[int, Any, int]]):
+        self.sampler = sampler
+        self.schedule = list(schedule)
+
+    def generate(self, prompts, params: SamplingParams, num_samples: int = 1):
+        if not self.schedule:
+            return self.sampler.generate(prompts, params, num_samples)
+        schedule, self.schedule = self.schedule, []
+        out = self.sampler.generate(prompts, params, num_samples, weight_schedule=schedule)
+        _, weights, version = schedule[-1]
+        self.sampler.update_weights(weights, version)
+        return out
+
+    def update_weights(self, params, version):
+        self.sampler.update_weights(params, version)
+
+    def pause(self):
+        self.sampler.pause()
+
+    def resume(self):
+        self.sampler.resume()
+
+
+def intra_versions(cfg: st.StalenessConfig, batch_id: int, ring: st.ParamRing
+                   ) -> tuple[list[int], tuple[int, ...]]:
+    """Versions (oldest first, ending at the newest in the ring) and switch steps for the
+    batch ``batch_id`` (`entr_jax.staleness.intra_plan`, clamped to what the ring holds)."""
+    _, steps = st.intra_plan(cfg, batch_id)
+    depth = min(len(steps), len(ring.versions) - 1)
+    versions = ring.versions[len(ring.versions) - depth - 1:]
+    return versions, steps[len(steps) - depth:] if depth else ()
+
+
+def sampling_seed(seed: int, batch_id: int, stream: int = 0) -> int:
+    """Sampling seed of one rollout batch: a function of (run seed, batch id, stream) only
+    (stream 0: training rollouts; other streams: evaluation)."""
+    return int(np.random.default_rng([seed, 11, stream, batch_id]).integers(0, 2**31 - 1))
+
+
+def rollout_metrics(batch: RolloutBatch, version: int) -> dict[str, Any]:
+    """Deterministic metrics of a rollout batch consumed at learner ``version``.
+
+    Keys: ``batch/id``, ``batch/generation_version``, ``reward/mean``, ``reward/std``,
+    ``reward/correct_frac``, ``response/length_mean`` and ``/length_max`` (policy tokens),
+    ``response/truncated_frac``, ``staleness/inter_mean``, ``/inter_max``,
+    ``/intra_mean``, ``/intra_max`` (per trajectory, ESTR section 2) and
+    ``staleness/inter_hist`` / ``intra_hist`` (counts of trajectories per value 0..max).
+    """
+    trajs = batch.trajectories
+    rewards = np.array([t.reward for t in trajs], np.float64)
+    lengths = np.array([int(np.sum(t.loss_mask)) for t in trajs])
+    stale = np.array([st.trajectory_staleness(version, t.token_version, t.loss_mask)
+                      for t in trajs])
+    inter, intra = stale[:, 0], stale[:, 1]
+    correct = [bool(t.info.get("correct", t.reward >= 1.0)) for t in trajs]
+    return {
+        "batch/id": batch.batch_id,
+        "batch/generation_version": batch.generation_version,
+        "reward/mean": float(rewards.mean()),
+        "reward/std": float(rewards.std()),
+        "reward/correct_frac": float(np.mean(correct)),
+        "response/length_mean": float(lengths.mean()),
+        "response/length_max": int(lengths.max()),
+        "response/truncated_frac": float(np.mean([bool(t.info.get("truncated")) for t in trajs])),
+        "staleness/inter_mean": float(inter.mean()),
+        "staleness/inter_max": int(inter.max()),
+        "staleness/intra_mean": float(intra.mean()),
+        "staleness/intra_max": int(intra.max()),
+        "staleness/inter_hist": np.bincount(inter).tolist(),
+        "staleness/intra_hist": np.bincount(intra).tolist(),
+    }
+
+
+def generate_batch(sampler: Sampler, run_episodes_fn, batch_id: int, examples: list[dict],
+                   versions: list[int], switch_steps: tuple[int, ...], ring: st.ParamRing,
+                   params: SamplingParams, num_samples: int) -> RolloutBatch:
+    """Generate one rollout batch: weights of ``versions[0]`` first, then one switch to
+    the next version at each of ``switch_steps``; ``run_episodes_fn(sampler, examples,
+    params, num_samples, group_offset)`` runs the episodes."""
+    start = time.perf_counter()
+    sampler.update_weights(ring.get(versions[0]), versions[0])
+    schedule = [(s, ring.get(v), v) for s, v in zip(switch_steps, versions[1:])]
+    trajs = run_episodes_fn(ScheduledSampler(sampler, schedule), examples, params,
+                            num_samples, batch_id * len(examples))
+    return RolloutBatch(batch_id, versions[-1], trajs, time.perf_counter() - start)

@@ -1,0 +1,132 @@
+"""Task wiring: a `TaskSpec` becomes training prompts, evaluation sets, an environment
+factory and SFT demonstrations, all from `entr_jax.data` and `entr_jax.tasks`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+
+from entr_jax.data import PromptTemplate, encode_prompt, load_source
+from entr_jax.data.sft import answer_demos, gsm8k_calc_demos
+from entr_jax.data.templates import GSM8K_INSTRUCTION, MATH_INSTRUCTION
+from entr_jax.tasks.calculator import CALC_INSTRUCTION, make_calculator_env
+from entr_jax.tasks.env import Environment, SingleTurnEnv
+from entr_jax.tasks.rewards import MathScorer, MathVerifier, RewardConfig
+from entr_jax.tasks.rollout import RolloutConfig
+from entr_jax.tasks.search import BM25Index, make_corpus, make_search_env
+from entr_jax.types import Trajectory
+from experiments.config import TaskSpec
+
+# The arithmetic task keeps prompts tiny: "48/2=" -> "#### 24".
+ARITHMETIC_PLAIN_FORMAT = "{question}{instruction}="
+
+
+@dataclasses.dataclass
+class TaskBundle:
+    """Everything the loop needs from a task.
+
+    Attributes:
+      train: training examples (``id``, ``question``, ``answer``, ...).
+      eval_sets: benchmark name -> held-out examples.
+      env_factory: a fresh `Environment` per episode.
+      rollout: episode bounds.
+      demos: SFT demonstrations (``prompt``, ``segments``), or an empty list.
+      verifier: the shared `MathVerifier` (close it at the end).
+    """
+
+    train: list[dict]
+    eval_sets: dict[str, list[dict]]
+    env_factory: Callable[[], Environment]
+    rollout: RolloutConfig
+    demos: list[dict]
+    verifier: MathVerifier
+
+
+def _template(spec: TaskSpec, instruction: str, plain_format: str | None = None) -> PromptTemplate:
+    if spec.template == "plain":
+        return PromptTemplate(style="plain", instruction=instruction,
+                              **({"plain_format": plain_format} if plain_format else {}))
+    return PromptTemplate(style="chat", instruction=instruction)
+
+
+def _first(examples: list[dict], n: int) -> list[dict]:
+    return examples if n == 0 else examples[:n]
+
+
+def build_task(spec: TaskSpec) -> TaskBundle:
+    """The `TaskBundle` of a task spec (see `TaskSpec.name` for the tasks)."""
+    verifier = MathVerifier()
+    rollout = RolloutConfig(max_turns=spec.max_turns, max_total_tokens=spec.max_total_tokens)
+    n_eval = spec.eval_examples
+    if spec.name == "arithmetic":
+        template = _template(spec, "", ARITHMETIC_PLAIN_FORMAT)
+        scorer = MathScorer(verifier, RewardConfig(fallback_last_number=True))
+        source = dict(max_chars=spec.arithmetic_max_chars)
+        train = load_source("gsm8k_arithmetic", split="train", **source)
+        evals = load_source("gsm8k_arithmetic", split="eval", **source)
+        return TaskBundle(
+            train=train,
+            eval_sets={"arithmetic": _first(evals, n_eval)},
+            env_factory=lambda: SingleTurnEnv(template, scorer),
+            rollout=rollout,
+            demos=answer_demos(train, template),
+            verifier=verifier,
+        )
+    if spec.name in ("gsm8k", "math"):
+        instruction = GSM8K_INSTRUCTION if spec.name == "gsm8k" else MATH_INSTRUCTION
+        template = _template(spec, instruction)
+        scorer = MathScorer(verifier)
+        train = load_source("gsm8k", split="train")
+        if spec.name == "gsm8k":
+            evals = {"gsm8k": _first(load_source("gsm8k", split="test"), n_eval)}
+        else:
+            evals = {name: _first(load_source(name), n_eval)
+                     for name in ("math500", "aime24", "amc23")}
+        # no demonstrations: these tasks start from a pretrained (instruct) checkpoint
+        return TaskBundle(train, evals, lambda: SingleTurnEnv(template, scorer), rollout,
+                          [], verifier)
+    if spec.name == "gsm8k_calculator":
+        template = _template(spec, CALC_INSTRUCTION)
+        scorer = MathScorer(verifier)
+        train = load_source("gsm8k", split="train")
+        return TaskBundle(
+            train=train,
+            eval_sets={"gsm8k": _first(load_source("gsm8k", split="test"), n_eval)},
+            env_factory=lambda: make_calculator_env(scorer, template),
+            rollout=rollout,
+            demos=gsm8k_calc_demos(train, template),
+            verifier=verifier,
+        )
+    if spec.name == "search":
+        docs, examples = make_corpus(seed=0)
+        index = BM25Index(docs)
+        held_out = [e for i, e in enumerate(examples) if i % 4 == 3]
+        train = [e for i, e in enumerate(examples) if i % 4 != 3]
+        return TaskBundle(train, {"search": _first(held_out, n_eval)},
+                          lambda: make_search_env(index), rollout, [], verifier)
+    raise ValueError(f"task.name {spec.name!r} is unknown")
+
+
+def demo_trajectory(demo: dict, tokenizer: Any) -> Trajectory:
+    """An SFT demonstration as a `Trajectory`: trainable segments (and the final EOS)
+    carry ``loss_mask``; environment segments (tool results) do not."""
+    prompt_ids = encode_prompt(tokenizer, demo["prompt"])
+    ids: list[int] = []
+    mask: list[bool] = []
+    for text, trainable in demo["segments"]:
+        seg = tokenizer.encode(text)
+        ids += seg
+        mask += [trainable] * len(seg)
+    ids.append(tokenizer.eos_token_ids[0])
+    mask.append(True)
+    n = len(ids)
+    return Trajectory(
+        prompt_ids=np.asarray(prompt_ids, np.int32),
+        response_ids=np.asarray(ids, np.int32),
+        logp_mu=np.zeros(n, np.float32),
+        entropy_mu=np.zeros(n, np.float32),
+        token_version=np.zeros(n, np.int32),
+        loss_mask=np.asarray(mask, bool),
+    )
