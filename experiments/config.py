@@ -66,6 +66,8 @@ class TaskSpec:
       eval_samples: k samples per example for avg@k / pass@k (sampled evaluation).
       arithmetic_max_chars: ``arithmetic`` only: longest expression kept (characters,
         spaces removed; `entr_jax.data.sources.gsm8k_arithmetic`).
+      arithmetic_ops: ``arithmetic`` only: keep expressions whose operators are all in
+        this set (e.g. ``"+-"`` for sums and differences).
     """
 
     name: Literal["arithmetic", "gsm8k", "gsm8k_calculator", "math", "search"] = "arithmetic"
@@ -78,12 +80,15 @@ class TaskSpec:
     eval_examples: int = 256
     eval_samples: int = 4
     arithmetic_max_chars: int = 30
+    arithmetic_ops: str = "+-*/"
 
     def __post_init__(self):
         for f in ("arithmetic_max_chars", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "max_turns",
                   "max_total_tokens", "eval_samples"):
             _require(getattr(self, f) >= 1, f"task.{f}", getattr(self, f), ">= 1")
         _require(self.eval_examples >= 0, "task.eval_examples", self.eval_examples, ">= 0")
+        _require(bool(self.arithmetic_ops) and set(self.arithmetic_ops) <= set("+-*/"),
+                 "task.arithmetic_ops", self.arithmetic_ops, "a non-empty subset of '+-*/'")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,12 +137,21 @@ ObjectiveSpec = _objective_spec_class()
 
 @dataclasses.dataclass(frozen=True)
 class SFTSpec:
-    """Supervised warm start on demonstrations before RL (0 steps disables it)."""
+    """Supervised warm start on demonstrations before RL (0 steps disables it).
+
+    Attributes:
+      steps, batch_size, learning_rate, warmup_steps: the supervised pass (AdamW, no
+        weight decay, global-norm clipping at 1).
+      save_model: write the warm-started policy to ``<run_dir>/sft_model`` in the Hugging
+        Face layout (config, safetensors, tokenizer), so later runs can start from it with
+        ``--model.path <run_dir>/sft_model --sft.steps 0``.
+    """
 
     steps: int = 0
     batch_size: int = 64
     learning_rate: float = 1e-3
     warmup_steps: int = 10
+    save_model: bool = True
 
     def __post_init__(self):
         _require(self.steps >= 0, "sft.steps", self.steps, ">= 0")

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pathlib
+import shutil
 import time
 from typing import Any
 
@@ -38,7 +40,7 @@ from entr_jax.assets import tiny_dir
 from entr_jax.data import PromptBatchIterator, PromptDataConfig
 from entr_jax.evaluation import benchmark_metrics
 from entr_jax.interfaces import SamplingParams
-from entr_jax.model import Decoder, ModelConfig, from_pretrained
+from entr_jax.model import Decoder, ModelConfig, from_pretrained, save_pretrained
 from entr_jax.objectives import make_objective
 from entr_jax.staleness import DelayLine, ParamRing
 from entr_jax.tasks.rollout import run_episodes
@@ -170,6 +172,14 @@ class Job:
         learner.close()
         return params
 
+    def export(self, path) -> None:
+        """Write the current policy in the Hugging Face layout, with the tokenizer files."""
+        save_pretrained(self.learner.state.model(), path)
+        source = pathlib.Path(self.cfg.model.path or tiny_dir())
+        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+            if (source / name).exists():
+                shutil.copy(source / name, pathlib.Path(path) / name)
+
     # ------------------------------------------------------------------ main
     def setup(self) -> None:
         cfg = self.cfg
@@ -217,7 +227,7 @@ class Job:
         together with the learner's metrics once they are fetched (one step later)."""
         n = record["step"]
         every = self.cfg.token_samples_every
-        if every and n % every == 0:
+        if every and n % every == 0 and self.run.writer:
             arrays = self.learner.token_logprobs(batch.trajectories)
             (self.run / "token_samples").mkdir(exist_ok=True)
             np.savez_compressed(self.run / "token_samples" / f"step_{n}.npz", **arrays)
@@ -281,16 +291,24 @@ class Job:
         return self._elapsed_base + time.perf_counter() - self._t0
 
     # ------------------------------------------------------------------ checkpoints
-    def checkpoint(self, book: dict[str, Any], next_step: int) -> None:
-        """Save everything needed to continue at ``next_step`` (metrics flushed first)."""
+    def checkpoint(self, book: dict[str, Any], next_step: int,
+                   pending: list[ro.RolloutBatch] | None = None) -> None:
+        """Save everything needed to continue at ``next_step`` (metrics flushed first).
+
+        ``pending``: generated, not yet consumed batches (default: the delay line's)."""
         self.flush()
         book["start_step"] = next_step
         book["elapsed_s"] = self.elapsed_s()
+        book["rl_wall_s_before_resume"] = (book.get("rl_wall_s_before_resume", 0.0)
+                                           + time.perf_counter() - self._rl_segment_start)
+        self._rl_segment_start = time.perf_counter()
+        line = self.line.state_dict()
+        if pending is None:
+            pending = list(line["pending"].values())
         queue = {
             "delay_line": {
-                "consumed": self.line.state_dict()["consumed"],
-                "pending": {str(k): b.to_json()
-                            for k, b in self.line.state_dict()["pending"].items()},
+                "consumed": max(line["consumed"], next_step),
+                "pending": {str(b.batch_id): b.to_json() for b in pending},
             },
             "book": book,
         }
@@ -300,7 +318,8 @@ class Job:
         for v in self.ring.versions:
             for i, leaf in enumerate(jax.tree.leaves(self.ring.get(v))):
                 flat[f"v{v}_{i}"] = np.asarray(leaf)
-        np.savez(ring_dir / f"{next_step}.npz", versions=np.array(self.ring.versions), **flat)
+        if self.run.writer:
+            np.savez(ring_dir / f"{next_step}.npz", versions=np.array(self.ring.versions), **flat)
         self.learner.save(data_state=self.data.get_state(), queue_state=queue,
                           config=json.loads(self.cfg.to_json()))
         self.learner.checkpoint.wait()
@@ -349,11 +368,14 @@ class Job:
             book["evals"]["init"] = self.evaluate("init", self.learner.published_weights(), 0)
             if cfg.sft.steps > 0:
                 self.learner.load_params(self.warm_start(self.module_fn))
+                if cfg.sft.save_model and self.run.writer:
+                    self.export(self.run / "sft_model")
             weights = self.learner.published_weights()
             book["evals"]["before_rl"] = self.evaluate("before_rl", weights, 0)
             self.ring.push(0, weights)
             self.logger.log_hparams(json.loads(cfg.to_json()))
         self._elapsed_base = book["elapsed_s"]
+        self._rl_segment_start = time.perf_counter()
         if cfg.staleness.mode == "async":
             from experiments.async_loop import run_async
 
@@ -361,6 +383,8 @@ class Job:
         else:
             self._run_simulated(book)
         self.flush()
+        book["rl_wall_s"] = (book.get("rl_wall_s_before_resume", 0.0)
+                             + time.perf_counter() - self._rl_segment_start)
         version = self.learner.version
         book["evals"]["after_rl"] = self.evaluate("after_rl", self.learner.published_weights(),
                                                   version)
@@ -396,6 +420,7 @@ class Job:
             "reward_first": float(np.mean(rewards[:w])) if rewards else None,
             "final_reward": float(np.mean(rewards[-w:])) if rewards else None,
             "wall_clock_s": book["elapsed_s"],
+            "rl_wall_clock_s": book["rl_wall_s"],
             "objective": self.cfg.objective.name,
             "staleness_mode": self.cfg.staleness.mode,
             "evals": {phase: book["evals"][phase]["benchmarks"] for phase in book["evals"]},

@@ -45,6 +45,9 @@ def parse(argv: list[str] | None = None):
 
 def main(argv: list[str] | None = None) -> dict:
     cfg, resume = parse(argv)
+    from learners.distributed import initialize
+
+    initialize()  # multi-host: reads ENTR_* variables; a no-op for one process
     from experiments.loop import Job, RunExistsError
 
     try:

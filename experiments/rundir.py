@@ -53,10 +53,16 @@ def _jsonable(value: Any) -> Any:
 
 
 class RunDir:
-    """Files of one run (see the module docstring)."""
+    """Files of one run (see the module docstring).
+
+    Only process 0 writes (multi-host runs); on other processes the writers are no-ops.
+    """
 
     def __init__(self, path: str | pathlib.Path):
+        import jax
+
         self.path = pathlib.Path(path)
+        self.writer = jax.process_index() == 0
 
     def __truediv__(self, name: str) -> pathlib.Path:
         return self.path / name
@@ -73,6 +79,8 @@ class RunDir:
         return (self.path / "summary.json").exists()
 
     def write_json(self, name: str, obj: Any) -> None:
+        if not self.writer:
+            return
         target = self.path / name
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(target.suffix + ".tmp")
@@ -86,6 +94,8 @@ class RunDir:
         """Create the directory and write config.json and meta.json."""
         import jax
 
+        if not self.writer:
+            return
         self.path.mkdir(parents=True, exist_ok=True)
         (self.path / "config.json").write_text(config_json)
         self.write_json("meta.json", {
@@ -98,13 +108,15 @@ class RunDir:
         })
 
     def append_jsonl(self, name: str, record: Mapping[str, Any]) -> None:
+        if not self.writer:
+            return
         with open(self.path / name, "a", encoding="utf-8") as f:
             f.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
 
     def truncate_jsonl(self, name: str, keep_steps_below: int) -> None:
         """Drop records with ``step >= keep_steps_below`` (a resumed run redoes them)."""
         path = self.path / name
-        if not path.exists():
+        if not self.writer or not path.exists():
             return
         kept = [line for line in path.read_text().splitlines()
                 if line.strip() and json.loads(line)["step"] < keep_steps_below]

@@ -63,9 +63,12 @@ def build_task(spec: TaskSpec) -> TaskBundle:
     if spec.name == "arithmetic":
         template = _template(spec, "", ARITHMETIC_PLAIN_FORMAT)
         scorer = MathScorer(verifier, RewardConfig(fallback_last_number=True))
-        source = dict(max_chars=spec.arithmetic_max_chars)
-        train = load_source("gsm8k_arithmetic", split="train", **source)
-        evals = load_source("gsm8k_arithmetic", split="eval", **source)
+        def arithmetic(split):
+            rows = load_source("gsm8k_arithmetic", split=split, max_chars=spec.arithmetic_max_chars)
+            ops = set("+-*/")
+            return [r for r in rows if ops & set(r["question"][1:]) <= set(spec.arithmetic_ops)]
+
+        train, evals = arithmetic("train"), arithmetic("eval")
         return TaskBundle(
             train=train,
             eval_sets={"arithmetic": _first(evals, n_eval)},
