@@ -370,8 +370,12 @@ class Job:
                 self.learner.load_params(self.warm_start(self.module_fn))
                 if cfg.sft.save_model and self.run.writer:
                     self.export(self.run / "sft_model")
+                book["evals"]["before_rl"] = self.evaluate(
+                    "before_rl", self.learner.published_weights(), 0)
+            else:  # same weights: the initial evaluation is the one before RL
+                book["evals"]["before_rl"] = dict(book["evals"]["init"], phase="before_rl")
+                self.run.write_json("eval/before_rl.json", book["evals"]["before_rl"])
             weights = self.learner.published_weights()
-            book["evals"]["before_rl"] = self.evaluate("before_rl", weights, 0)
             self.ring.push(0, weights)
             self.logger.log_hparams(json.loads(cfg.to_json()))
         self._elapsed_base = book["elapsed_s"]

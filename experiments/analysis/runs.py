@@ -16,6 +16,7 @@ import numpy as np
 
 FIGURES_ENV = "ENTR_FIGURES"
 RUNS_ENV = "ENTR_RUNS"
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,8 +93,11 @@ def load_runs(root: str | os.PathLike) -> list[Run]:
 
 
 def runs_root(default: str | os.PathLike) -> pathlib.Path:
-    """The runs directory a notebook reads: ``$ENTR_RUNS`` if set, else ``default``."""
-    return pathlib.Path(os.environ.get(RUNS_ENV) or default)
+    """The runs directory a notebook reads: ``$ENTR_RUNS`` if set, else ``default``; a
+    relative path is taken from the repository root (where the sweep commands run), not
+    from the notebook's working directory."""
+    path = pathlib.Path(os.environ.get(RUNS_ENV) or default)
+    return path if path.is_absolute() else REPO_ROOT / path
 
 
 def save_figure(fig, name: str) -> pathlib.Path | None:
