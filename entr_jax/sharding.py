@@ -48,11 +48,14 @@ class MeshConfig:
     """Shape of the learner mesh.
 
     Attributes:
-      data: data-parallel replicas (parameters replicated across them). ``-1`` takes every
-        device left over after ``fsdp`` and ``tensor``.
+      data: data-parallel replicas (parameters replicated across them).
       fsdp: fully-sharded data parallel (parameters sharded along their ``"embed"`` axis,
         batch rows split as well).
       tensor: tensor parallel (heads / MLP / vocabulary dimensions); 1 disables it.
+
+    At most one of ``data`` and ``fsdp`` may be ``-1``: it takes every device left over by
+    the other axes (``data=-1, fsdp=1``: pure data parallel; ``data=1, fsdp=-1``: FSDP over
+    all devices).
     """
 
     data: int = -1
@@ -60,23 +63,28 @@ class MeshConfig:
     tensor: int = 1
 
     def __post_init__(self):
-        if self.data != -1 and self.data < 1:
-            raise ValueError(f"MeshConfig.data must be >= 1 or -1, got {self.data}")
-        if self.fsdp < 1:
-            raise ValueError(f"MeshConfig.fsdp must be >= 1, got {self.fsdp}")
+        for name in ("data", "fsdp"):
+            value = getattr(self, name)
+            if value != -1 and value < 1:
+                raise ValueError(f"MeshConfig.{name} must be >= 1 or -1, got {value}")
+        if self.data == -1 and self.fsdp == -1:
+            raise ValueError("MeshConfig.data and MeshConfig.fsdp cannot both be -1")
         if self.tensor < 1:
             raise ValueError(f"MeshConfig.tensor must be >= 1, got {self.tensor}")
 
     def resolve(self, num_devices: int) -> tuple[int, int, int]:
         """``(data, fsdp, tensor)`` with ``-1`` resolved; raises if it does not tile the devices."""
-        inner = self.fsdp * self.tensor
-        data = self.data if self.data != -1 else num_devices // inner
-        if data < 1 or data * inner != num_devices:
+        data, fsdp = self.data, self.fsdp
+        if fsdp == -1:
+            fsdp = num_devices // (data * self.tensor)
+        if data == -1:
+            data = num_devices // (fsdp * self.tensor)
+        if data < 1 or fsdp < 1 or data * fsdp * self.tensor != num_devices:
             raise ValueError(
                 f"MeshConfig(data={self.data}, fsdp={self.fsdp}, tensor={self.tensor}) does "
                 f"not tile {num_devices} devices"
             )
-        return data, self.fsdp, self.tensor
+        return data, fsdp, self.tensor
 
 
 def make_mesh(config: MeshConfig = MeshConfig(), devices: Sequence[Any] | None = None) -> Mesh:

@@ -92,6 +92,37 @@ class TaskSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class SamplerSpec:
+    """Which sampler generates the rollouts.
+
+    Attributes:
+      kind: ``jax`` (the embedded `samplers.jax_sampler.JaxSampler`, default) or
+        ``sglang`` (a fleet of SGLang servers, `samplers.sglang_fleet.SGLangFleet`; start
+        them as in ``docs/sglang.md``). With ``sglang``, new weights are exported as
+        Hugging Face safetensors and loaded with ``/update_weights_from_disk``; simulated
+        intra-trajectory switches are not available (use ``staleness.mode=async`` for real
+        in-flight updates).
+      server_urls: the SGLang servers (``sglang`` only), e.g. ``http://127.0.0.1:30000``.
+      api_key: sent as a bearer token when non-empty.
+      export_dir: where weight exports go (empty: ``<run_dir>/exports``).
+      max_batch_size: rows per device batch of the embedded sampler.
+    """
+
+    kind: Literal["jax", "sglang"] = "jax"
+    server_urls: tuple[str, ...] = ()
+    api_key: str = ""
+    export_dir: str = ""
+    max_batch_size: int = 256
+
+    def __post_init__(self):
+        if self.kind not in ("jax", "sglang"):
+            raise ValueError(f"sampler.kind must be 'jax' or 'sglang', got {self.kind!r}")
+        _require(self.kind != "sglang" or len(self.server_urls) > 0, "sampler.server_urls",
+                 self.server_urls, "non-empty when sampler.kind is 'sglang'")
+        _require(self.max_batch_size >= 1, "sampler.max_batch_size", self.max_batch_size, ">= 1")
+
+
+@dataclasses.dataclass(frozen=True)
 class SamplingSpec:
     """Rollout sampling parameters (RL defaults: no filtering)."""
 
@@ -216,6 +247,7 @@ class RunConfig:
     log_every: int = 1
     token_samples_every: int = 10
     model: ModelSpec = ModelSpec()
+    sampler: SamplerSpec = SamplerSpec()
     task: TaskSpec = TaskSpec()
     sampling: SamplingSpec = SamplingSpec()
     advantages: AdvantageConfig = AdvantageConfig()
@@ -228,6 +260,13 @@ class RunConfig:
 
     def __post_init__(self):
         _require(self.rl_steps >= 0, "rl_steps", self.rl_steps, ">= 0")
+        _require(
+            not (self.sampler.kind == "sglang" and self.staleness.mode == "simulated"
+                 and self.staleness.intra_switches > 0),
+            "staleness.intra_switches", self.staleness.intra_switches,
+            "0 with sampler.kind='sglang' (SGLang cannot replay simulated switches; use "
+            "staleness.mode=async for real in-flight updates)",
+        )
         _require(self.log_every >= 1, "log_every", self.log_every, ">= 1")
 
     def to_json(self) -> str:

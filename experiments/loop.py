@@ -135,8 +135,11 @@ class Job:
         k = self.cfg.task.eval_samples
         out: dict[str, Any] = {"phase": phase, "version": version, "benchmarks": {}}
         for name, examples in self.task.eval_sets.items():
-            greedy = self._episodes(self.sampler, examples,
-                                    self._sampling(0, 1, top_k=1, top_p=1.0, min_p=0.0), 1)
+            # greedy: top-1 on the embedded sampler; SGLang refuses filters (its log-probs
+            # would not describe the filtered distribution), so a near-zero temperature there
+            argmax = (dict(temperature=1e-5) if self.cfg.sampler.kind == "sglang"
+                      else dict(top_k=1, top_p=1.0, min_p=0.0))
+            greedy = self._episodes(self.sampler, examples, self._sampling(0, 1, **argmax), 1)
             sampled = self._episodes(self.sampler, examples, self._sampling(0, 2), k)
             flags = [_correct(t) for t in sampled]
             per_example = [flags[i * k:(i + 1) * k] for i in range(len(examples))]
@@ -195,17 +198,37 @@ class Job:
         )
         if weights is not None:
             self.learner.load_params(weights)
-        rows = cfg.task.prompts_per_step * cfg.task.samples_per_prompt
-        self.sampler = JaxSampler(
-            self.learner.state.model(), version=0,
-            config=JaxSamplerConfig(max_batch_size=min(256, rows), dtype=cfg.model.sampler_dtype),
-        )
+        self.sampler = self._make_sampler()
         self.data = PromptBatchIterator(
             self.task.train, PromptDataConfig(batch_size=cfg.task.prompts_per_step, seed=cfg.seed))
         self.line = DelayLine(cfg.staleness)
         self.ring: ParamRing = ParamRing(cfg.staleness.ring_size)
         self.logger = MetricsLogger(self.run / "tb", jsonl=False)
         self._pending: list[dict[str, Any]] = []  # loop records awaiting learner metrics
+
+    def _make_sampler(self):
+        cfg = self.cfg
+        if cfg.sampler.kind == "sglang":
+            from samplers.sglang_config import SGLangFleetConfig
+            from samplers.sglang_fleet import SGLangFleet
+
+            graphdef = self.learner.state.graphdef
+
+            def export(weights, path):
+                save_pretrained(nnx.merge(graphdef, weights), path)
+
+            fleet = SGLangFleetConfig(
+                server_urls=cfg.sampler.server_urls, api_key=cfg.sampler.api_key or None,
+                vocab_size=self.learner.state.model().config.vocab_size,
+                export_dir=cfg.sampler.export_dir or str(self.run / "exports"),
+                export_fn=export)
+            return SGLangFleet(fleet)
+        rows = cfg.task.prompts_per_step * cfg.task.samples_per_prompt
+        return JaxSampler(
+            self.learner.state.model(), version=0,
+            config=JaxSamplerConfig(max_batch_size=min(cfg.sampler.max_batch_size, rows),
+                                    dtype=cfg.model.sampler_dtype),
+        )
 
     def generate(self, batch_id: int) -> ro.RolloutBatch:
         """Generate the rollout batch ``batch_id`` with the newest weights in the ring (and

@@ -159,7 +159,8 @@ def generate_batch(sampler: Sampler, run_episodes_fn, batch_id: int, examples: l
     the next version at each of ``switch_steps``; ``run_episodes_fn(sampler, examples,
     params, num_samples, group_offset)`` runs the episodes."""
     start = time.perf_counter()
-    sampler.update_weights(ring.get(versions[0]), versions[0])
+    if getattr(sampler, "version", None) != versions[0]:  # skip a no-op (costly on a fleet)
+        sampler.update_weights(ring.get(versions[0]), versions[0])
     schedule = [(s, ring.get(v), v) for s, v in zip(switch_steps, versions[1:])]
     trajs = run_episodes_fn(ScheduledSampler(sampler, schedule), examples, params,
                             num_samples, batch_id * len(examples))

@@ -14,11 +14,12 @@ git commit, metrics, tensorboard events, checkpoints, evaluation JSON and summar
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import tyro
 
-from experiments.configs import PRESETS
+from experiments.configs import PRESETS, REQUIRES_MODEL_PATH
 
 
 def parse(argv: list[str] | None = None):
@@ -40,6 +41,11 @@ def parse(argv: list[str] | None = None):
                        description=description, use_underscores=True)
     except ValueError as e:  # a field's __post_init__ validation
         raise SystemExit(f"entr-run: invalid configuration: {e}") from None
+    if name in REQUIRES_MODEL_PATH and not cfg.model.path:
+        raise SystemExit(f"entr-run {name}: model.path is required (--model.path DIR, a local "
+                         "Hugging Face checkpoint directory)")
+    if cfg.model.path and not os.path.isfile(os.path.join(cfg.model.path, "config.json")):
+        raise SystemExit(f"entr-run: model.path {cfg.model.path!r} has no config.json")
     return cfg, resume
 
 

@@ -186,3 +186,30 @@ def test_cli_overrides_reach_the_config():
     cfg, resume = cli.parse(["quickstart", "--rl_steps", "7", "--objective.name", "grpo",
                              "--staleness.inter_lag", "5", "--resume"])
     assert (cfg.rl_steps, cfg.objective.name, cfg.staleness.inter_lag, resume) == (7, "grpo", 5, True)
+
+
+@pytest.mark.parametrize("mode", ["simulated", "async"])
+def test_main_job_drives_an_sglang_fleet(small_model_dir, tmp_path, mode):
+    """The job with ``sampler.kind=sglang`` against the fake SGLang server: weights are
+    exported and pushed with versions, and the reported versions reach the metrics."""
+    from tests.sglang_fake_server import FakeSGLangServer
+
+    server = FakeSGLangServer()
+    try:
+        st = StalenessConfig(mode=mode, inter_lag=1, intra_switches=0, ring_size=1,
+                             max_staleness=1)
+        cfg = small_config(small_model_dir, tmp_path / mode, rl_steps=3, staleness=st)
+        cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(
+            cfg.sampler, kind="sglang", server_urls=(server.url,)))
+        run(cfg)
+    finally:
+        server.stop()
+    rows = metrics(tmp_path / mode)
+    assert [r["batch/id"] for r in rows] == [0, 1, 2]
+    pushed = [int(body["weight_version"]) for route, body in server.calls
+              if route == "/update_weights_from_disk"]
+    assert pushed == sorted(pushed) and max(pushed) >= 2
+    if mode == "simulated":
+        assert [r["staleness/inter_max"] for r in rows] == [0, 1, 1]
+    else:
+        assert all(r["staleness/inter_max"] <= 1 for r in rows)

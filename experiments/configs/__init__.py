@@ -11,8 +11,9 @@ import dataclasses
 
 from entr_jax.advantages import AdvantageConfig
 from entr_jax.staleness import StalenessConfig
-from experiments.config import (CheckpointSpec, ModelSpec, ObjectiveSpec, RunConfig, SFTSpec,
-                                SamplingSpec, TaskSpec)
+from entr_jax.sharding import MeshConfig
+from experiments.config import (CheckpointSpec, LearnerSpec, ModelSpec, ObjectiveSpec, RunConfig,
+                                SamplerSpec, SFTSpec, SamplingSpec, TaskSpec)
 from learners.optim import OptimizerConfig
 
 # The embedded default: tiny model, CPU, arithmetic from GSM8K's calculator annotations.
@@ -34,6 +35,41 @@ QUICKSTART = RunConfig(
     checkpoint=CheckpointSpec(every=50, keep=2),
 )
 
+# The paper's setups at real model sizes (ESTR, arXiv 2607.22186, section 6): a local HF
+# checkpoint given with --model.path (Qwen2.5-7B-Instruct, Qwen3-*), learner in bf16 with
+# FSDP over every device, rollouts from an SGLang fleet (docs/sglang.md), real async mode.
+# Hyperparameters the paper does not state (batch, group size, LR, lengths) are the
+# project's INFERRED defaults (algorithms.md section 3.4): LR 1e-6 constant, G = 8.
+_GPU_COMMON = dict(
+    rl_steps=500,
+    token_samples_every=50,
+    model=ModelSpec(path="", dtype="bfloat16", param_dtype="float32", sampler_dtype="bfloat16"),
+    sampler=SamplerSpec(kind="sglang", server_urls=("http://127.0.0.1:30000",)),
+    sampling=SamplingSpec(temperature=1.0),
+    advantages=AdvantageConfig(estimator="grpo"),
+    objective=ObjectiveSpec(name="entr"),
+    optim=OptimizerConfig(learning_rate=1e-6, warmup_steps=10, max_grad_norm=1.0),
+    learner=LearnerSpec(microbatches=16, mesh=MeshConfig(data=1, fsdp=-1), logprob_chunk=256),
+    staleness=StalenessConfig(mode="async", max_staleness=4, intra_switches=0, ring_size=1),
+    checkpoint=CheckpointSpec(every=25, keep=3),
+)
+
+GSM8K_TOOLS_GPU = RunConfig(
+    name="gsm8k_tools",
+    task=TaskSpec(name="gsm8k_calculator", template="chat", prompts_per_step=64,
+                  samples_per_prompt=8, max_new_tokens=512, max_turns=4,
+                  max_total_tokens=2048, eval_examples=0, eval_samples=4),
+    **_GPU_COMMON,
+)
+
+MATH_GPU = RunConfig(
+    name="math",
+    task=TaskSpec(name="math", template="chat", prompts_per_step=128, samples_per_prompt=8,
+                  max_new_tokens=4096, max_turns=1, max_total_tokens=4096, eval_examples=0,
+                  eval_samples=4),
+    **_GPU_COMMON,
+)
+
 PRESETS: dict[str, tuple[str, RunConfig]] = {
     "quickstart": (
         "Tiny model on CPU: SFT warm start, then ENTR under simulated staleness "
@@ -42,7 +78,22 @@ PRESETS: dict[str, tuple[str, RunConfig]] = {
         "before and after RL.",
         QUICKSTART,
     ),
+    "gsm8k_tools": (
+        "Multi-turn GSM8K with a calculator tool at real model size (e.g. Qwen2.5-7B): "
+        "--model.path DIR is required; SGLang fleet sampler, async, bf16 FSDP learner. "
+        "Methods: --objective.name {grpo,icepop,kpop,entr,...}; GRPO sync: "
+        "--staleness.mode sync.",
+        GSM8K_TOOLS_GPU,
+    ),
+    "math": (
+        "Math at real model size: train on GSM8K, evaluate on MATH-500, AIME24, AMC23 "
+        "(avg@4, pass@4); --model.path DIR is required; SGLang fleet, async, bf16 FSDP.",
+        MATH_GPU,
+    ),
 }
+
+# Presets whose model must come from --model.path (no embedded default at that size).
+REQUIRES_MODEL_PATH = frozenset({"gsm8k_tools", "math"})
 
 
 def preset(name: str, **changes) -> RunConfig:
