@@ -235,7 +235,6 @@ class RunConfig:
       run_dir: where everything is written; empty = ``runs/<name>``.
       seed: master seed (data order, sampling, initialisation of the tiny model).
       rl_steps: learner (optimizer) steps of RL.
-      log_every: print a progress line every this many steps.
       token_samples_every: store per-token (delta, entropy_mu) samples for the analysis
         notebooks every this many steps (0 = never).
     """
@@ -244,7 +243,6 @@ class RunConfig:
     run_dir: str = ""
     seed: int = 0
     rl_steps: int = 100
-    log_every: int = 1
     token_samples_every: int = 10
     model: ModelSpec = ModelSpec()
     sampler: SamplerSpec = SamplerSpec()
@@ -267,7 +265,6 @@ class RunConfig:
             "0 with sampler.kind='sglang' (SGLang cannot replay simulated switches; use "
             "staleness.mode=async for real in-flight updates)",
         )
-        _require(self.log_every >= 1, "log_every", self.log_every, ">= 1")
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True, default=str)

@@ -133,6 +133,9 @@ class Job:
         evaluation set; written to ``eval/<phase>.json``."""
         self.sampler.update_weights(weights, version)
         k = self.cfg.task.eval_samples
+        if self.show_progress:
+            sizes = ", ".join(f"{n}: {len(e)}" for n, e in self.task.eval_sets.items())
+            tqdm.write(f"evaluating ({phase}; {sizes} examples; greedy and {k} samples each)")
         out: dict[str, Any] = {"phase": phase, "version": version, "benchmarks": {}}
         for name, examples in self.task.eval_sets.items():
             # greedy: top-1 on the embedded sampler; SGLang refuses filters (its log-probs
@@ -162,11 +165,14 @@ class Job:
         order = np.concatenate([rng.permutation(len(trajs))
                                 for _ in range(sft.steps * sft.batch_size // len(trajs) + 1)])
         records = []
-        for step in range(sft.steps):
+        bar = tqdm(range(sft.steps), desc="SFT warm start", disable=not self.show_progress,
+                   dynamic_ncols=True)
+        for step in bar:
             idx = order[step * sft.batch_size:(step + 1) * sft.batch_size]
             m = learner.sft_on([trajs[i] for i in idx])
             if m is not None:
                 records.append({"step": step - 1, "loss": m["loss"]})
+                bar.set_postfix(loss=f"{m['loss']:.3f}")
         m = learner.flush()
         records.append({"step": sft.steps - 1, "loss": m["loss"]})
         for r in records:

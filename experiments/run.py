@@ -49,7 +49,8 @@ def parse(argv: list[str] | None = None):
     return cfg, resume
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> int:
+    """Run the job from the command line; prints the summary; returns the exit status 0."""
     cfg, resume = parse(argv)
     from learners.distributed import initialize
 
@@ -58,13 +59,13 @@ def main(argv: list[str] | None = None) -> dict:
 
     try:
         job = Job(cfg, resume=resume)
-    except RunExistsError as e:
+        summary = job.run_job()
+    except (RunExistsError, FileNotFoundError) as e:
         raise SystemExit(f"entr-run: {e}") from None
-    summary = job.run_job()
     print(json.dumps({k: v for k, v in summary.items() if k != "evals"}, indent=2))
     print(f"run directory: {job.run.path}")
-    return summary
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -213,3 +213,12 @@ def test_main_job_drives_an_sglang_fleet(small_model_dir, tmp_path, mode):
         assert [r["staleness/inter_max"] for r in rows] == [0, 1, 1]
     else:
         assert all(r["staleness/inter_max"] <= 1 for r in rows)
+
+
+def test_cli_main_returns_exit_status_zero(reference, small_model_dir, capsys):
+    ref_dir, _, summary = reference
+    status = cli.main(["quickstart", "--run_dir", str(ref_dir), "--model.path",
+                       str(small_model_dir), "--resume"])
+    assert status == 0  # console scripts do sys.exit(main()): a dict would exit with 1
+    out = capsys.readouterr().out
+    assert json.loads(out[:out.rindex("}") + 1])["rl_steps"] == summary["rl_steps"]
