@@ -6,6 +6,10 @@ ratio to ``grpo`` (default config, and ``grpo_token_mean`` for an aggregation-ma
 reference of ENTR). Objectives are timed round-robin so load drift hits all equally.
 
     python benchmarks/objectives.py --batch 64 --length 4096 --repeats 30
+
+``--step`` adds the figure that matters for training: the time of a whole learner step
+(tiny model forward + backward + AdamW, `learners.learner.Learner`) with ``entr`` against
+``grpo`` (same aggregation), same batch, timed alternately.
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ def main() -> None:
     p.add_argument("--length", type=int, default=4096)
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--step", action="store_true", help="also time whole learner steps")
+    p.add_argument("--step-rows", type=int, default=16)
+    p.add_argument("--step-length", type=int, default=256)
     args = p.parse_args()
 
     logp_pi, batch = make_batch(args.batch, args.length)
@@ -73,7 +80,52 @@ def main() -> None:
             for n, m in med.items()
         },
     }
+    if args.step:
+        out["learner_step"] = learner_step_ratio(args.step_rows, args.step_length,
+                                                 args.repeats, args.warmup)
     print(json.dumps(out, indent=1))
+
+
+def learner_step_ratio(rows: int, length: int, repeats: int, warmup: int) -> dict:
+    """Median whole-step time with ``entr`` vs ``grpo`` (token-mean) on the tiny model."""
+    import numpy as np
+    from flax import nnx
+
+    from entr_jax.assets import tiny_dir
+    from entr_jax.model import Decoder, ModelConfig
+    from entr_jax.types import Trajectory
+    from learners.learner import Learner, LearnerConfig
+    from learners.optim import OptimizerConfig
+
+    cfg = ModelConfig.from_hf_config(json.loads((tiny_dir() / "config.json").read_text()))
+    rng = np.random.default_rng(0)
+    half = length // 2
+    trajs = [Trajectory(
+        prompt_ids=rng.integers(4, cfg.vocab_size, half).astype(np.int32),
+        response_ids=rng.integers(4, cfg.vocab_size, half).astype(np.int32),
+        logp_mu=-rng.exponential(1.0, half).astype(np.float32),
+        entropy_mu=rng.exponential(1.0, half).astype(np.float32),
+        token_version=np.zeros(half, np.int32), loss_mask=np.ones(half, bool))
+        for _ in range(rows)]
+    adv = rng.normal(size=rows).astype(np.float32)
+    lc = LearnerConfig(optimizer=OptimizerConfig(learning_rate=1e-6), pad_id=3)
+    learners = {
+        name: Learner(lambda: Decoder(cfg, rngs=nnx.Rngs(0)), lc,
+                      objective=obj.make_objective(name, aggregation="token_mean"))
+        for name in ("grpo", "entr")
+    }
+    times: dict[str, list[float]] = {n: [] for n in learners}
+    for i in range(warmup + repeats):
+        for name, learner in learners.items():
+            t0 = time.perf_counter()
+            learner.train_on(trajs, adv)
+            jax.block_until_ready(learner.state.params)
+            if i >= warmup:
+                times[name].append((time.perf_counter() - t0) * 1e3)
+    med = {n: statistics.median(v) for n, v in times.items()}
+    return {"rows": rows, "length": length, "grpo_ms": round(med["grpo"], 2),
+            "entr_ms": round(med["entr"], 2),
+            "ratio_entr_to_grpo": round(med["entr"] / med["grpo"], 4)}
 
 
 if __name__ == "__main__":

@@ -222,3 +222,32 @@ def test_cli_main_returns_exit_status_zero(reference, small_model_dir, capsys):
     assert status == 0  # console scripts do sys.exit(main()): a dict would exit with 1
     out = capsys.readouterr().out
     assert json.loads(out[:out.rindex("}") + 1])["rl_steps"] == summary["rl_steps"]
+
+
+@pytest.mark.slow
+def test_killed_at_a_random_point_and_resumed_repeats_no_batch(small_model_dir, tmp_path):
+    """SIGKILL the CLI at a random moment (seeded), resume, check every batch id once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run_dir = tmp_path / "killed"
+    args = [sys.executable, "-m", "experiments.run", "quickstart", "--run_dir", str(run_dir),
+            "--model.path", str(small_model_dir), "--sft.steps", "0", "--rl_steps", "12",
+            "--checkpoint.every", "3", "--task.prompts_per_step", "2",
+            "--task.samples_per_prompt", "3", "--task.eval_examples", "2",
+            "--task.eval_samples", "1", "--task.arithmetic_max_chars", "5"]
+    env = dict(os.environ, XLA_FLAGS="")
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 600
+    while not (run_dir / "metrics.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)  # wait until RL has started
+    time.sleep(float(np.random.default_rng(0).uniform(0.5, 5.0)))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = subprocess.run(args + ["--resume"], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [r["batch/id"] for r in metrics(run_dir)] == list(range(12))
