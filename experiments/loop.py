@@ -46,6 +46,7 @@ from entr_jax.staleness import DelayLine, ParamRing
 from entr_jax.tasks.rollout import run_episodes
 from entr_jax.tokenizer import Tokenizer
 from experiments import rollouts as ro
+from experiments import state_io
 from experiments.config import RunConfig
 from experiments.rundir import RunDir
 from experiments.tasks import TaskBundle, build_task, demo_trajectory
@@ -331,31 +332,16 @@ class Job:
         book["rl_wall_s_before_resume"] = (book.get("rl_wall_s_before_resume", 0.0)
                                            + time.perf_counter() - self._rl_segment_start)
         self._rl_segment_start = time.perf_counter()
-        line = self.line.state_dict()
         if pending is None:
-            pending = list(line["pending"].values())
-        queue = {
-            "delay_line": {
-                "consumed": max(line["consumed"], next_step),
-                "pending": {str(b.batch_id): b.to_json() for b in pending},
-            },
-            "book": book,
-        }
-        ring_dir = self.run / "ring"
-        ring_dir.mkdir(exist_ok=True)
-        flat = {}
-        for v in self.ring.versions:
-            for i, leaf in enumerate(jax.tree.leaves(self.ring.get(v))):
-                flat[f"v{v}_{i}"] = np.asarray(leaf)
+            pending = list(self.line.state_dict()["pending"].values())
+        queue = {"delay_line": state_io.delay_line_json(self.line, pending, next_step),
+                 "book": book}
         if self.run.writer:
-            np.savez(ring_dir / f"{next_step}.npz", versions=np.array(self.ring.versions), **flat)
+            state_io.save_ring(self.run / "ring" / f"{next_step}.npz", self.ring)
         self.learner.save(data_state=self.data.get_state(), queue_state=queue,
                           config=json.loads(self.cfg.to_json()))
         self.learner.checkpoint.wait()
-        kept = set(self.learner.checkpoint.all_steps())
-        for f in ring_dir.glob("*.npz"):
-            if int(f.stem) not in kept:
-                f.unlink()
+        state_io.prune_rings(self.run / "ring", self.learner.checkpoint.all_steps())
 
     def _restore(self) -> dict[str, Any] | None:
         items = self.learner.restore_latest()
@@ -364,18 +350,9 @@ class Job:
         queue = items["queue_state"]
         book = queue["book"]
         self.data.set_state(items["data_state"])
-        line = queue["delay_line"]
-        self.line.load_state_dict({
-            "consumed": line["consumed"],
-            "pending": {int(k): ro.RolloutBatch.from_json(b) for k, b in line["pending"].items()},
-        })
-        template = self.learner.published_weights()
-        treedef = jax.tree.structure(template)
-        n_leaves = treedef.num_leaves
-        with np.load(self.run / "ring" / f"{book['start_step']}.npz") as z:
-            for v in z["versions"].tolist():
-                leaves = [jnp.asarray(z[f"v{v}_{i}"]) for i in range(n_leaves)]
-                self.ring.push(int(v), jax.tree.unflatten(treedef, leaves))
+        state_io.load_delay_line(self.line, queue["delay_line"])
+        state_io.load_ring(self.run / "ring" / f"{book['start_step']}.npz", self.ring,
+                           template=self.learner.published_weights())
         for name in ("metrics.jsonl", "timing.jsonl"):
             self.run.truncate_jsonl(name, book["start_step"])
         return book
