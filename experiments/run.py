@@ -44,14 +44,14 @@ def parse(argv: list[str] | None = None):
     if name in REQUIRES_MODEL_PATH and not cfg.model.path:
         raise SystemExit(f"entr-run {name}: model.path is required (--model.path DIR, a local "
                          "Hugging Face checkpoint directory)")
-    if cfg.model.path and not os.path.isfile(os.path.join(cfg.model.path, "config.json")):
-        raise SystemExit(f"entr-run: model.path {cfg.model.path!r} has no config.json")
     return cfg, resume
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the job from the command line; prints the summary; returns the exit status 0."""
     cfg, resume = parse(argv)
+    if cfg.model.path and not os.path.isfile(os.path.join(cfg.model.path, "config.json")):
+        raise SystemExit(f"entr-run: model.path {cfg.model.path!r} has no config.json")
     from learners.distributed import initialize
 
     initialize()  # multi-host: reads ENTR_* variables; a no-op for one process
