@@ -87,7 +87,8 @@ def run_async(job: Any, book: dict[str, Any]) -> None:
     for b in sorted(job.line.state_dict()["pending"]):  # batches queued at the checkpoint
         out.put(job.line.pop(b))
     producer = Producer(job, start + out.qsize(), cfg.rl_steps, out)
-    job.sampler.update_weights(job.learner.published_weights(), job.learner.version)
+    newest = job.ring.versions[-1]  # the learner's current weights, already copied
+    job.sampler.update_weights(job.ring.get(newest), newest)
     job.async_producer = producer
     producer.start()
     bar = tqdm(range(start, cfg.rl_steps), desc=f"RL async ({cfg.objective.name})",

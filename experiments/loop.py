@@ -145,11 +145,11 @@ class Job:
                       else dict(top_k=1, top_p=1.0, min_p=0.0))
             greedy = self._episodes(self.sampler, examples, self._sampling(0, 1, **argmax), 1)
             sampled = self._episodes(self.sampler, examples, self._sampling(0, 2), k)
-            flags = [_correct(t) for t in sampled]
+            flags = [ro.is_correct(t) for t in sampled]
             per_example = [flags[i * k:(i + 1) * k] for i in range(len(examples))]
             ks = sorted({1, k})
             out["benchmarks"][name] = benchmark_metrics(
-                per_example, ks=ks, greedy=[_correct(t) for t in greedy])
+                per_example, ks=ks, greedy=[ro.is_correct(t) for t in greedy])
         self.run.write_json(f"eval/{phase}.json", out)
         return out
 
@@ -277,16 +277,15 @@ class Job:
         if learner_metrics is None:
             return
         record = self._pending.pop(0)
-        merged = {**record, **{k: v for k, v in learner_metrics.items()
-                               if not k.startswith("hist/")}}
-        metrics, timing = _split_timing(merged)
-        self.run.append_jsonl("metrics.jsonl", metrics)
-        self.run.append_jsonl("timing.jsonl", {"step": record["step"], **timing})
-        tb = {k: v for k, v in {**merged, **learner_metrics}.items()
-              if k.startswith("hist/") or isinstance(v, (int, float))}
-        tb.pop("step", None)
-        tb.pop("version", None)
-        self.logger.log(record["step"], record["version"], tb)
+        step, version = record.pop("step"), record.pop("version")
+        merged = {**record, **learner_metrics}
+        scalars = {k: v for k, v in merged.items() if not k.startswith("hist/")}
+        metrics, timing = _split_timing(scalars)
+        self.run.append_jsonl("metrics.jsonl", {"step": step, "version": version, **metrics})
+        self.run.append_jsonl("timing.jsonl", {"step": step, **timing})
+        # tensorboard: scalars and hist/* bucket counts; the staleness histograms are lists
+        self.logger.log(step, version, {k: v for k, v in merged.items()
+                                        if k.startswith("hist/") or isinstance(v, (int, float))})
 
     def flush(self) -> None:
         """Fetch and log the last dispatched step's learner metrics."""
@@ -320,6 +319,10 @@ class Job:
         """Wall seconds of this run, including the time before a resume."""
         return self._elapsed_base + time.perf_counter() - self._t0
 
+    def rl_wall_s(self) -> float:
+        """Wall seconds of the RL phase, including the RL time before a resume."""
+        return self._rl_base + time.perf_counter() - self._rl_start
+
     # ------------------------------------------------------------------ checkpoints
     def checkpoint(self, book: dict[str, Any], next_step: int,
                    pending: list[ro.RolloutBatch] | None = None) -> None:
@@ -329,9 +332,7 @@ class Job:
         self.flush()
         book["start_step"] = next_step
         book["elapsed_s"] = self.elapsed_s()
-        book["rl_wall_s_before_resume"] = (book.get("rl_wall_s_before_resume", 0.0)
-                                           + time.perf_counter() - self._rl_segment_start)
-        self._rl_segment_start = time.perf_counter()
+        book["rl_wall_s"] = self.rl_wall_s()
         if pending is None:
             pending = list(self.line.state_dict()["pending"].values())
         queue = {"delay_line": state_io.delay_line_json(self.line, pending, next_step),
@@ -385,7 +386,7 @@ class Job:
             self.ring.push(0, weights)
             self.logger.log_hparams(json.loads(cfg.to_json()))
         self._elapsed_base = book["elapsed_s"]
-        self._rl_segment_start = time.perf_counter()
+        self._rl_base, self._rl_start = book.get("rl_wall_s", 0.0), time.perf_counter()
         if cfg.staleness.mode == "async":
             from experiments.async_loop import run_async
 
@@ -393,8 +394,7 @@ class Job:
         else:
             self._run_simulated(book)
         self.flush()
-        book["rl_wall_s"] = (book.get("rl_wall_s_before_resume", 0.0)
-                             + time.perf_counter() - self._rl_segment_start)
+        book["rl_wall_s"] = self.rl_wall_s()
         version = self.learner.version
         book["evals"]["after_rl"] = self.evaluate("after_rl", self.learner.published_weights(),
                                                   version)
@@ -435,7 +435,3 @@ class Job:
             "staleness_mode": self.cfg.staleness.mode,
             "evals": {phase: book["evals"][phase]["benchmarks"] for phase in book["evals"]},
         }
-
-
-def _correct(traj) -> bool:
-    return bool(traj.info.get("correct", traj.reward >= 1.0))

@@ -118,6 +118,12 @@ def sampling_seed(seed: int, batch_id: int, stream: int = 0) -> int:
     return int(np.random.default_rng([seed, 11, stream, batch_id]).integers(0, 2**31 - 1))
 
 
+def is_correct(traj: Trajectory) -> bool:
+    """Whether an episode was answered correctly: the environment's ``correct`` flag, or a
+    reward of at least 1 for environments that give none."""
+    return bool(traj.info.get("correct", traj.reward >= 1.0))
+
+
 def rollout_metrics(batch: RolloutBatch, version: int) -> dict[str, Any]:
     """Deterministic metrics of a rollout batch consumed at learner ``version``.
 
@@ -133,7 +139,7 @@ def rollout_metrics(batch: RolloutBatch, version: int) -> dict[str, Any]:
     stale = np.array([st.trajectory_staleness(version, t.token_version, t.loss_mask)
                       for t in trajs])
     inter, intra = stale[:, 0], stale[:, 1]
-    correct = [bool(t.info.get("correct", t.reward >= 1.0)) for t in trajs]
+    correct = [is_correct(t) for t in trajs]
     return {
         "batch/id": batch.batch_id,
         "batch/generation_version": batch.generation_version,

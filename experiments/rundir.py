@@ -13,6 +13,9 @@
       ring/              parameter-ring snapshots that go with checkpoints (intra switches)
       token_samples/     step_<n>.npz: per-token (log_ratio, entropy_mu, kept) samples
       eval/              <phase>.json evaluation results (init, before_rl, after_rl)
+      sft.jsonl          supervised warm-start loss per step (when sft.steps > 0)
+      sft_model/         the warm-started policy in the Hugging Face layout (sft.save_model)
+      exports/           weight exports pushed to an SGLang fleet (sampler.kind=sglang)
       summary.json       the headline numbers, written when the run finishes
 """
 

@@ -177,15 +177,19 @@ class Learner:
         """
         return jax.tree.map(jnp.copy, nnx.state(self.state.model()))
 
-    def prepare(self, trajectories: Sequence[Trajectory], advantages) -> tuple[Any, dict]:
-        """Host batch -> device batch (with ``logp_prox``/``logp_ref`` when needed) + stats."""
+    def _device_batch(self, trajectories: Sequence[Trajectory], advantages) -> tuple[Any, dict]:
+        """Host batch (`make_batch`) placed on the mesh, without extra log-prob passes."""
         c = self.config
         rows = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         host, stats = make_batch(
             trajectories, advantages, pad_id=c.pad_id, num_microbatches=c.num_microbatches,
             row_multiple=rows, min_length=c.min_length, max_length=c.max_length,
         )
-        batch = shard_batch(host, self.mesh)
+        return shard_batch(host, self.mesh), stats
+
+    def prepare(self, trajectories: Sequence[Trajectory], advantages) -> tuple[Any, dict]:
+        """Host batch -> device batch (with ``logp_prox``/``logp_ref`` when needed) + stats."""
+        batch, stats = self._device_batch(trajectories, advantages)
         if self.needs_prox:
             batch = batch.replace(logp_prox=self.logprob_fn(self.state.params, self.state.other, batch)[0])
         if self.needs_ref:
@@ -197,7 +201,7 @@ class Learner:
         diagnostics: ``logp_pi``, ``entropy_pi``, ``logp_mu``, ``entropy_mu``,
         ``token_version`` and ``loss_mask``, each ``[B, T]`` numpy (rows beyond
         ``len(trajectories)`` are padding and are dropped)."""
-        batch, _ = self.prepare(trajectories, [0.0] * len(trajectories))
+        batch, _ = self._device_batch(trajectories, [0.0] * len(trajectories))
         logp, entropy = self.logprob_fn(self.state.params, self.state.other, batch)
         arrays = {"logp_pi": logp, "entropy_pi": entropy, "logp_mu": batch.logp_mu,
                   "entropy_mu": batch.entropy_mu, "token_version": batch.token_version,
@@ -232,7 +236,7 @@ class Learner:
 
     def sft_on(self, trajectories: Sequence[Trajectory]) -> dict[str, float] | None:
         """One SFT step (cross-entropy on ``loss_mask`` tokens); returns the previous metrics."""
-        batch, stats = self.prepare(trajectories, [0.0] * len(trajectories))
+        batch, stats = self._device_batch(trajectories, [0.0] * len(trajectories))
         return self._run(self.sft_step, batch, stats)
 
     def flush(self) -> dict[str, float] | None:
