@@ -30,8 +30,9 @@ def _fetch(entries: list[DataFile], folder: str | None, force: bool) -> int:
     status = 0
     root = folder if folder else files.cache_dir()
     for entry in entries:
-        if folder is None and files.packaged_path(entry) is not None and files.packaged_path(entry).is_file():
-            print(f"{entry.key}: ships with the package ({files.packaged_path(entry)}); nothing to fetch")
+        packaged = files.packaged_path(entry)
+        if folder is None and packaged is not None and packaged.is_file():
+            print(f"{entry.key}: ships with the package ({packaged}); nothing to fetch")
             continue
         try:
             path = files.fetch(entry, root, force=force)
