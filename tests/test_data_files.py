@@ -225,8 +225,10 @@ def test_checksum_mismatch_is_refused_and_nothing_cached(hub, clean_env, toy, mo
     hub.serve(entry.remote, tampered)
     with pytest.raises(files.FetchError) as e:
         files.fetch(entry, clean_env)
-    assert f"got sha256 {sha(tampered)} ({len(tampered)} bytes), expected {entry.sha256}" in str(e.value)
-    assert "refused, nothing was cached" in str(e.value)
+    assert str(e.value) == (
+        f"toy/test.jsonl: refused, nothing was cached; tried {entry.remote.describe()} "
+        f"({entry.remote.url()}): does not match its pin: got sha256 {sha(tampered)} "
+        f"({len(tampered)} bytes), expected {entry.sha256} ({len(data)} bytes)")
     assert not (clean_env / "toy" / "test.jsonl").exists()
     assert list((clean_env / "toy").iterdir()) == []  # the temporary copy is gone too
     with pytest.raises(files.DataNotFoundError, match="does not match its pin"):
@@ -238,8 +240,24 @@ def test_download_failure_is_reported_with_the_source(hub, clean_env, toy):
     with pytest.raises(files.DataNotFoundError) as e:
         files.locate("toy/test.jsonl")
     msg = str(e.value)
-    assert "download: downloading toy/test.jsonl from hf:entr-test/toy@" + "a" * 40 in msg
+    assert ("download: toy/test.jsonl: refused, nothing was cached; tried hf:entr-test/toy@"
+            + "a" * 40 + ":data/test.jsonl (" + hub.url) in msg
+    assert "download failed: " in msg
     assert "`entr-data fetch toy`" in msg and str(clean_env) in msg
+
+
+@pytest.mark.parametrize("pinned_serves", [None, b"other bytes\n"])
+def test_fallback_source_when_the_pinned_one_fails(hub, clean_env, toy, pinned_serves):
+    entry, data = toy
+    pinned = registry.Remote("github", "entr-test/toy", "b" * 40, "test.jsonl")
+    fallback = registry.Remote("github", "entr-test/toy", "main", "test.jsonl")
+    entry = dataclasses.replace(entry, remote=pinned, fallbacks=(fallback,))
+    if pinned_serves is not None:
+        hub.serve(pinned, pinned_serves)  # reachable, but other bytes: refused, next source
+    hub.serve(fallback, data)
+    assert files.fetch(entry, clean_env).read_bytes() == data
+    assert hub.requests == [("GET", "/entr-test/toy/" + "b" * 40 + "/test.jsonl"),
+                            ("GET", "/entr-test/toy/main/test.jsonl")]
 
 
 # ---- the registry's pins ------------------------------------------------------------------
@@ -255,6 +273,10 @@ def test_registry_pins(clean_env, monkeypatch):
         "amc23/test.jsonl": ("https://raw.githubusercontent.com/QwenLM/Qwen2.5-Math/e128aa06871c7a0eeedc2ab21b69459bcb24c4fb/evaluation/data/amc23/test.jsonl", 40),
     }
     assert {k: (f.remote.url(), f.rows) for k, f in registry.FILES.items()} == expected
+    assert {k: [r.url() for r in f.fallbacks] for k, f in registry.FILES.items() if f.fallbacks} == {
+        "aime24/test.jsonl": ["https://raw.githubusercontent.com/QwenLM/Qwen2.5-Math/main/evaluation/data/aime24/test.jsonl"],
+        "amc23/test.jsonl": ["https://raw.githubusercontent.com/QwenLM/Qwen2.5-Math/main/evaluation/data/amc23/test.jsonl"],
+    }
     assert all(len(f.sha256) == 64 and len(f.remote.revision) == 40 for f in registry.FILES.values())
     monkeypatch.setenv("HF_ENDPOINT", "http://mirror.example/")
     assert registry.FILES["math500/test.jsonl"].remote.url().startswith("http://mirror.example/datasets/")

@@ -12,9 +12,10 @@ in this order and returns the first hit:
    (``platformdirs.user_cache_path("entr-jax") / "data"``; on Linux
    ``$XDG_CACHE_HOME/entr-jax/data``, default ``~/.cache/entr-jax/data``), used when its
    sha256 matches the pin;
-4. a **download** of the pinned upstream copy into the user cache: the bytes are written
-   to a temporary file, checked against the pinned sha256 and size, and only then moved
-   into place (a mismatch is refused and nothing is cached). Skipped when
+4. a **download** of the pinned upstream copy (then of its fallbacks, if any) into the
+   user cache: the bytes are written to a temporary file, checked against the pinned
+   sha256 and size, and only then moved into place (a mismatch is refused and nothing is
+   cached). Skipped when
    ``$ENTR_DATA_OFFLINE`` or ``$HF_HUB_OFFLINE`` is set to 1/true/yes/on.
 
 When all four fail, `DataNotFoundError` (a ``FileNotFoundError``) says what was tried,
@@ -178,63 +179,59 @@ def fetch(entry: DataFile, root: str | os.PathLike, force: bool = False) -> path
     """Puts a verified copy of ``entry`` at ``<root>/<key>`` and returns that path.
 
     A present file whose sha256 matches is kept (unless ``force``). A packaged file is
-    decompressed from the package; any other is downloaded from ``entry.remote`` into a
-    temporary file next to the destination, checked (size and sha256), then moved into
-    place atomically.
+    decompressed from the package; any other is downloaded from ``entry.remote``, then
+    from each of ``entry.fallbacks``, into a temporary file next to the destination,
+    checked (size and sha256) and moved into place atomically; the first source that
+    gives the pinned bytes wins.
 
     Raises:
-      FetchError: the download failed, or the bytes do not match the pinned sha256 (the
-        message gives both checksums and the URL); nothing is written to ``root``/key.
+      FetchError: no source gave the pinned bytes (the message lists each source with
+        the failure or both checksums); nothing is written to ``<root>/<key>``.
     """
     dest = pathlib.Path(root) / entry.key
     if dest.is_file() and not force and sha256_of(dest) == entry.sha256:
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".entr-fetch-", dir=dest.parent) as tmp:
-        got = _retrieve(entry, pathlib.Path(tmp))
-        size = got.stat().st_size
-        actual = sha256_of(got)
-        if actual != entry.sha256 or size != entry.size:
-            raise FetchError(
-                f"{entry.key} from {_where(entry)} does not match its pin: got sha256 {actual} "
-                f"({size} bytes), expected {entry.sha256} ({entry.size} bytes); refused, "
-                "nothing was cached")
-        os.replace(got, dest)
-    return dest
-
-
-def _where(entry: DataFile) -> str:
     packaged = packaged_path(entry)
-    if packaged is not None and packaged.is_file():
-        return f"the package ({packaged})"
-    return f"{entry.remote.describe()} ({entry.remote.url()})"
+    sources = [None] if packaged is not None and packaged.is_file() else [entry.remote, *entry.fallbacks]
+    errors = []
+    for source in sources:
+        where = f"the package ({packaged})" if source is None else f"{source.describe()} ({source.url()})"
+        with tempfile.TemporaryDirectory(prefix=".entr-fetch-", dir=dest.parent) as tmp:
+            try:
+                got = _retrieve(entry, source, pathlib.Path(tmp))
+            except Exception as e:  # any transport/hub error: recorded, next source
+                errors.append(f"{where}: download failed: {type(e).__name__}: {e}")
+                continue
+            size, actual = got.stat().st_size, sha256_of(got)
+            if actual == entry.sha256 and size == entry.size:
+                os.replace(got, dest)
+                return dest
+            errors.append(f"{where}: does not match its pin: got sha256 {actual} ({size} bytes), "
+                          f"expected {entry.sha256} ({entry.size} bytes)")
+    raise FetchError(f"{entry.key}: refused, nothing was cached; tried " + "; ".join(errors))
 
 
-def _retrieve(entry: DataFile, tmp: pathlib.Path) -> pathlib.Path:
-    """The file's bytes in a new file under ``tmp`` (unverified)."""
+def _retrieve(entry: DataFile, source, tmp: pathlib.Path) -> pathlib.Path:
+    """The file's bytes from ``source`` (a `Remote`, or None: the package) in a new file
+    under ``tmp`` (unverified)."""
     out = tmp / "file"
-    packaged = packaged_path(entry)
-    if packaged is not None and packaged.is_file():
-        with gzip.open(packaged, "rb") as src, open(out, "wb") as dst:
+    if source is None:
+        with gzip.open(packaged_path(entry), "rb") as src, open(out, "wb") as dst:
             shutil.copyfileobj(src, dst)
         return out
-    remote = entry.remote
-    try:
-        if remote.host == "hf":
-            from huggingface_hub import hf_hub_download
+    if source.host == "hf":
+        from huggingface_hub import hf_hub_download
 
-            return pathlib.Path(hf_hub_download(
-                remote.repo, remote.path, repo_type="dataset", revision=remote.revision,
-                local_dir=tmp / "hf", endpoint=os.environ.get("HF_ENDPOINT") or None))
-        import httpx
+        return pathlib.Path(hf_hub_download(
+            source.repo, source.path, repo_type="dataset", revision=source.revision,
+            local_dir=tmp / "hf", endpoint=os.environ.get("HF_ENDPOINT") or None))
+    import httpx
 
-        with httpx.stream("GET", remote.url(), follow_redirects=True,
-                          timeout=httpx.Timeout(60.0, connect=10.0)) as response:
-            response.raise_for_status()
-            with open(out, "wb") as f:
-                for chunk in response.iter_bytes():
-                    f.write(chunk)
-        return out
-    except Exception as e:  # any transport/hub error becomes one error naming the source
-        raise FetchError(f"downloading {entry.key} from {remote.describe()} ({remote.url()}) "
-                         f"failed: {type(e).__name__}: {e}") from e
+    with httpx.stream("GET", source.url(), follow_redirects=True,
+                      timeout=httpx.Timeout(60.0, connect=10.0)) as response:
+        response.raise_for_status()
+        with open(out, "wb") as f:
+            for chunk in response.iter_bytes():
+                f.write(chunk)
+    return out

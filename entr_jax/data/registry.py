@@ -15,8 +15,9 @@ Upstreams (each pinned to a commit):
   whose ``test.jsonl`` is byte-identical to ``prm800k/math_splits/test.jsonl`` of
   ``openai/prm800k``.
 * AIME 2024 and AMC 2023: the evaluation files of ``QwenLM/Qwen2.5-Math`` on GitHub
-  (``evaluation/data/{aime24,amc23}/test.jsonl``); the Hub copies (``math-ai/aime24``,
-  ``math-ai/amc23``) are parquet files with other fields.
+  (``evaluation/data/{aime24,amc23}/test.jsonl``), with the repository's ``main`` branch
+  as a fallback; the Hub copies (``math-ai/aime24``, ``math-ai/amc23``) are parquet files
+  with other fields.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ class Remote:
         ``github`` (a raw file of a GitHub repository, fetched over HTTPS with ``httpx``;
         ``$ENTR_GITHUB_RAW`` selects a mirror).
       repo: ``owner/name``.
-      revision: the commit the file is read at (40 hex digits).
+      revision: the commit the file is read at (40 hex digits; a branch name only for a
+        fallback, whose bytes the same checksum pins).
       path: the file's path inside the repository.
     """
 
@@ -75,6 +77,8 @@ class DataFile:
       sha256: hex sha256 of the file's bytes (uncompressed).
       license: the license it is distributed under.
       remote: the pinned upstream copy.
+      fallbacks: other upstream copies, tried in order when ``remote`` fails or gives
+        other bytes (the same sha256 applies).
       packaged: path of a gzip copy inside ``entr_jax/assets/data`` shipped with the
         package, or None.
       packaged_sha256: hex sha256 of that gzip file (the stored bytes), or None.
@@ -87,12 +91,16 @@ class DataFile:
     sha256: str
     license: str
     remote: Remote
+    fallbacks: tuple[Remote, ...] = ()
     packaged: str | None = None
     packaged_sha256: str | None = None
 
 
 _GSM8K = ("openai/grade-school-math", "3101c7d5072418e28b9008a6636bde82a006892c")
 _QWEN_EVAL = ("QwenLM/Qwen2.5-Math", "e128aa06871c7a0eeedc2ab21b69459bcb24c4fb")
+# The Qwen2.5-Math commit is a public pin of that repository's evaluation data that could
+# not be resolved from an offline workspace; its default branch is the fallback.
+_QWEN_MAIN = ("QwenLM/Qwen2.5-Math", "main")
 
 FILES: dict[str, DataFile] = {
     f.key: f
@@ -123,12 +131,14 @@ FILES: dict[str, DataFile] = {
             sha256="af2b8bd2aa911b6333ad0df32f3ca05c7ae8ed10f1731f4372c8ae26990bf7ac",
             license="public competition problems (MAA AIME 2024)",
             remote=Remote("github", *_QWEN_EVAL, "evaluation/data/aime24/test.jsonl"),
+            fallbacks=(Remote("github", *_QWEN_MAIN, "evaluation/data/aime24/test.jsonl"),),
         ),
         DataFile(
             key="amc23/test.jsonl", dataset="amc23", rows=40, size=27_631,
             sha256="43707e1ca784602d8479de24ee8ce36609dbebc46dd152b0b12a46611aa898a4",
             license="public competition problems (MAA AMC 2023)",
             remote=Remote("github", *_QWEN_EVAL, "evaluation/data/amc23/test.jsonl"),
+            fallbacks=(Remote("github", *_QWEN_MAIN, "evaluation/data/amc23/test.jsonl"),),
         ),
     )
 }
