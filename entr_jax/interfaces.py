@@ -1,7 +1,7 @@
 """The small protocols through which learners, samplers and experiments meet.
 
 `learners` and `samplers` never import each other; both depend on these protocols and
-are wired together in `experiments` (``../shared/docs/design.md``).
+are wired together in `experiments` (``docs/design.md``).
 """
 
 from __future__ import annotations

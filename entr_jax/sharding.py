@@ -3,7 +3,7 @@
 Mesh axes are named once, in `entr_jax.model.partitioning.MESH_AXES` =
 ``("data", "fsdp", "tensor")``; parameters carry logical axis names (``"embed"``,
 ``"mlp"``, ...) that the model's ``LOGICAL_AXIS_RULES`` table maps to those mesh axes
-(``../shared/docs/design.md``, "Jit and sharding"). A single device is the 1x1x1 mesh:
+(``docs/design.md``, "Jit and sharding"). A single device is the 1x1x1 mesh:
 every function here works unchanged on it.
 
 Batch arrays shard their row axis over ``("data", "fsdp")`` (the ``"batch"`` rule) and

@@ -1,7 +1,7 @@
 """Staleness: the seeded lag schedule, the delay line of rollout batches, the ring of
 recent parameter versions, and the staleness measurements.
 
-Definitions (ESTR, arXiv 2607.22186, section 2; ``../shared/docs/algorithms.md``):
+Definitions (ESTR, arXiv 2607.22186, section 2; ``docs/algorithms.md``):
 
 * staleness of a token = learner ``version`` - ``token_version`` (the version of the
   weights that generated it);
@@ -9,7 +9,7 @@ Definitions (ESTR, arXiv 2607.22186, section 2; ``../shared/docs/algorithms.md``
   last version that generated any of its tokens;
 * intra-trajectory staleness = ``v_last - v_first`` inside one trajectory.
 
-Simulated mode (``../shared/docs/design.md``, "Data flow"):
+Simulated mode (``docs/design.md``, "Data flow"):
 
 * **Inter lag as a delay line.** Every learner step ``n`` consumes exactly one rollout
   batch, which was generated when the learner was at version

@@ -1,6 +1,6 @@
 """Data types shared by samplers, environments, the staleness queue and the learner.
 
-Conventions (``../shared/docs/design.md``, "One batch layout"):
+Conventions (``docs/design.md``, "One batch layout"):
 
 * ``tokens: [B, L] int32`` holds prompt + response, right-padded.
 * Every per-token RL array is ``[B, T]`` with ``T = L - 1`` and is aligned to the

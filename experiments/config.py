@@ -48,8 +48,23 @@ class ModelSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class DataSpec:
+    """Where data files are found (`entr_jax.data.files.locate`).
+
+    Attributes:
+      dir: a data folder laid out as ``<dataset>/<split>.jsonl`` (``gsm8k/test.jsonl``,
+        ``math500/test.jsonl``, ...), looked up first; empty = ``$ENTR_DATA_DIR`` when set.
+        Files not found there come from the package (GSM8K train), the user cache, or a
+        checksum-checked download of the pinned upstream (``entr-data fetch`` ahead of
+        time, e.g. ``entr-data fetch --dir DIR`` for nodes without internet).
+    """
+
+    dir: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class TaskSpec:
-    """What the policy is trained and evaluated on (``../shared/data``).
+    """What the policy is trained and evaluated on (data files: `DataSpec`).
 
     Attributes:
       name: ``arithmetic`` (the calculator annotations of GSM8K's training solutions),
@@ -247,6 +262,7 @@ class RunConfig:
     model: ModelSpec = ModelSpec()
     sampler: SamplerSpec = SamplerSpec()
     task: TaskSpec = TaskSpec()
+    data: DataSpec = DataSpec()
     sampling: SamplingSpec = SamplingSpec()
     advantages: AdvantageConfig = AdvantageConfig()
     objective: ObjectiveSpec = ObjectiveSpec()  # type: ignore[valid-type]

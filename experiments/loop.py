@@ -194,7 +194,7 @@ class Job:
     def setup(self) -> None:
         cfg = self.cfg
         self.tokenizer, self.module_fn, weights = self._policy()
-        self.task: TaskBundle = build_task(cfg.task)
+        self.task: TaskBundle = build_task(cfg.task, data_dir=cfg.data.dir)
         obj_cfg = dataclasses.asdict(cfg.objective.selected())
         self.objective = make_objective(cfg.objective.name, **obj_cfg)
         self.learner = Learner(

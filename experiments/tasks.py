@@ -4,6 +4,7 @@ factory and SFT demonstrations, all from `entr_jax.data` and `entr_jax.tasks`.""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import numpy as np
@@ -55,8 +56,11 @@ def _first(examples: list[dict], n: int) -> list[dict]:
     return examples if n == 0 else examples[:n]
 
 
-def build_task(spec: TaskSpec) -> TaskBundle:
-    """The `TaskBundle` of a task spec (see `TaskSpec.name` for the tasks)."""
+def build_task(spec: TaskSpec, data_dir: str = "") -> TaskBundle:
+    """The `TaskBundle` of a task spec (see `TaskSpec.name` for the tasks); data files
+    are looked up in ``data_dir`` (``--data.dir``; empty: ``$ENTR_DATA_DIR``) first, then
+    as `entr_jax.data.files.locate` describes."""
+    load = functools.partial(load_source, data_dir=data_dir)
     verifier = MathVerifier()
     rollout = RolloutConfig(max_turns=spec.max_turns, max_total_tokens=spec.max_total_tokens)
     n_eval = spec.eval_examples
@@ -64,7 +68,7 @@ def build_task(spec: TaskSpec) -> TaskBundle:
         template = _template(spec, "", ARITHMETIC_PLAIN_FORMAT)
         scorer = MathScorer(verifier, RewardConfig(fallback_last_number=True))
         def arithmetic(split):
-            rows = load_source("gsm8k_arithmetic", split=split, max_chars=spec.arithmetic_max_chars)
+            rows = load("gsm8k_arithmetic", split=split, max_chars=spec.arithmetic_max_chars)
             ops = set("+-*/")
             return [r for r in rows if ops & set(r["question"][1:]) <= set(spec.arithmetic_ops)]
 
@@ -81,11 +85,11 @@ def build_task(spec: TaskSpec) -> TaskBundle:
         instruction = GSM8K_INSTRUCTION if spec.name == "gsm8k" else MATH_INSTRUCTION
         template = _template(spec, instruction)
         scorer = MathScorer(verifier)
-        train = load_source("gsm8k", split="train")
+        train = load("gsm8k", split="train")
         if spec.name == "gsm8k":
-            evals = {"gsm8k": _first(load_source("gsm8k", split="test"), n_eval)}
+            evals = {"gsm8k": _first(load("gsm8k", split="test"), n_eval)}
         else:
-            evals = {name: _first(load_source(name), n_eval)
+            evals = {name: _first(load(name), n_eval)
                      for name in ("math500", "aime24", "amc23")}
         # no demonstrations: these tasks start from a pretrained (instruct) checkpoint
         return TaskBundle(train, evals, lambda: SingleTurnEnv(template, scorer), rollout,
@@ -93,10 +97,10 @@ def build_task(spec: TaskSpec) -> TaskBundle:
     if spec.name == "gsm8k_calculator":
         template = _template(spec, CALC_INSTRUCTION)
         scorer = MathScorer(verifier)
-        train = load_source("gsm8k", split="train")
+        train = load("gsm8k", split="train")
         return TaskBundle(
             train=train,
-            eval_sets={"gsm8k": _first(load_source("gsm8k", split="test"), n_eval)},
+            eval_sets={"gsm8k": _first(load("gsm8k", split="test"), n_eval)},
             env_factory=lambda: make_calculator_env(scorer, template),
             rollout=rollout,
             demos=gsm8k_calc_demos(train, template),

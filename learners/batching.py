@@ -1,6 +1,6 @@
 """Host-side batching: a list of `Trajectory`s -> one target-aligned, microbatched `Batch`.
 
-The one place where the target alignment happens (``../shared/docs/design.md``, "One
+The one place where the target alignment happens (``docs/design.md``, "One
 batch layout"). For a trajectory with ``P`` prompt tokens and ``R`` response tokens the
 row of ``tokens`` is ``prompt ++ response`` right-padded to ``L``; response token ``j``
 sits at ``tokens[i, P + j]`` and every per-token array describes it at target index

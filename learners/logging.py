@@ -1,7 +1,7 @@
 """Metrics logging: tensorboardX scalars/histograms + a JSONL file, process 0 only.
 
 `DeferredMetrics` implements "fetch step n-1's metrics to the host after dispatching step
-n" (``../shared/docs/design.md``, "Jit and sharding"): the device arrays of a step are
+n" (``docs/design.md``, "Jit and sharding"): the device arrays of a step are
 held until the next step has been dispatched, so the host never waits for the device
 between steps.
 """

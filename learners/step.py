@@ -1,6 +1,6 @@
 """The jitted, sharded learner steps: RL (objective from the registry), SFT, and log-probs.
 
-One optimizer step (``../shared/docs/design.md``, "Jit and sharding"):
+One optimizer step (``docs/design.md``, "Jit and sharding"):
 
 1. the batch arrives microbatched, ``[M, b, ...]`` (`learners.batching.make_batch`), rows
    sharded over ``("data", "fsdp")``; ``num_loss_tokens`` is the host-computed number of

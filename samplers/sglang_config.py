@@ -1,7 +1,7 @@
 """Configuration of the SGLang fleet client (`samplers.sglang_fleet.SGLangFleet`).
 
 One frozen dataclass, validated in ``__post_init__`` with errors that name the field
-(``../shared/docs/design.md``, "Configs"). The meaning of every field is documented once,
+(``docs/design.md``, "Configs"). The meaning of every field is documented once,
 here; ``docs/sglang.md`` explains how the pieces fit together.
 """
 

@@ -1,6 +1,6 @@
 """Full-vocabulary entropy from the top-k log-probs an inference engine returns, with bounds.
 
-ESTR (arXiv 2607.22186; ``../shared/docs/algorithms.md`` section 3, "Estimator" and
+ESTR (arXiv 2607.22186; ``docs/algorithms.md`` section 3, "Estimator" and
 "Source") needs the *full-vocabulary* Shannon entropy ``H_t = -sum_w mu(w) log mu(w)`` of
 the behavior distribution at every generated position. Stock SGLang returns only the
 top-k log-probs of each position (``top_logprobs_num``), so the client estimates ``H_t``

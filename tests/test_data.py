@@ -44,8 +44,9 @@ def test_source_answers():
 
 def test_data_dir_override(monkeypatch, tmp_path):
     monkeypatch.setenv("ENTR_DATA_DIR", str(tmp_path))
-    assert sources.data_dir() == tmp_path
-    with pytest.raises(FileNotFoundError, match="ENTR_DATA_DIR"):
+    monkeypatch.setenv("ENTR_DATA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("ENTR_DATA_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match=r"data folder \(ENTR_DATA_DIR\): .*math500/test.jsonl does not exist"):
         sources.load_math500()
 
 

@@ -12,6 +12,7 @@ import jinja2
 import pytest
 
 from entr_jax.assets import build_tiny, tiny_dir
+from entr_jax.data.sources import read_data
 from entr_jax.tokenizer import Tokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -36,7 +37,6 @@ def hf():
 
 @pytest.fixture(scope="module")
 def texts():
-    data_dir = build_tiny.default_data_dir()
     sample = [
         "",
         " ",
@@ -45,12 +45,8 @@ def texts():
         "<|im_start|>user\nhi<|im_end|>\n<|endoftext|><|pad|>",
         "$\\frac{14}{3}$ and 1,234,567.89 or -0.5e10",
     ]
-    path = data_dir / "gsm8k" / "test.jsonl"
-    if path.is_file():
-        with path.open(encoding="utf-8") as f:
-            for _, line in zip(range(100), f):
-                row = json.loads(line)
-                sample += [row["question"], row["answer"]]
+    for row in read_data("gsm8k/train.jsonl")[:100]:  # ships with the package
+        sample += [row["question"], row["answer"]]
     return sample
 
 
@@ -127,10 +123,7 @@ def test_tiny_assets_small():
 
 
 def test_build_tiny_reproduces_committed_assets(tmp_path):
-    data_dir = build_tiny.default_data_dir()
-    if not (data_dir / "gsm8k" / "train.jsonl").is_file():
-        pytest.skip(f"shared data not found at {data_dir}")
-    build_tiny.build(tmp_path, data_dir)
+    build_tiny.build(tmp_path)  # GSM8K train from the package, MATH-500 via the data lookup
     for name in ("tokenizer.json", "tokenizer_config.json", "config.json", "generation_config.json"):
         assert (tmp_path / name).read_bytes() == (tiny_dir() / name).read_bytes(), name
 

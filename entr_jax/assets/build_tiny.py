@@ -5,8 +5,10 @@ Usage (from the repository root)::
     python -m entr_jax.assets.build_tiny            # writes entr_jax/assets/tiny/
     python -m entr_jax.assets.build_tiny --out DIR  # writes elsewhere
 
-Data: GSM8K train questions and answers plus MATH-500 problems, read from
-``$ENTR_DATA_DIR`` or else ``<repo root>/../shared/data`` (see its README).
+Data: GSM8K train questions and answers (shipped with the package) plus MATH-500
+problems, found by `entr_jax.data.files.locate` (``--data-dir`` or ``$ENTR_DATA_DIR``, the
+user cache, else a checksum-checked download; ``entr-data fetch math500`` fetches it ahead
+of time).
 
 What it writes, deterministically (same data => byte-identical files):
 
@@ -28,6 +30,9 @@ import json
 import os
 import pathlib
 from typing import Iterator
+
+from entr_jax.data.files import locate
+from entr_jax.data.sources import read_jsonl
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -77,30 +82,19 @@ MODEL_SHAPE = dict(
 )
 
 
-def default_data_dir() -> pathlib.Path:
-    """``$ENTR_DATA_DIR`` if set, else ``<repo root>/../shared/data``."""
-    env = os.environ.get("ENTR_DATA_DIR")
-    if env:
-        return pathlib.Path(env)
-    repo_root = pathlib.Path(__file__).resolve().parents[2]
-    return repo_root.parent / "shared" / "data"
+def training_texts(data_dir: str | os.PathLike | None = None) -> Iterator[str]:
+    """GSM8K train question and answer texts, then MATH-500 problem texts, in file order.
 
-
-def training_texts(data_dir: pathlib.Path) -> Iterator[str]:
-    """GSM8K train question and answer texts, then MATH-500 problem texts, in file order."""
-    gsm8k = data_dir / "gsm8k" / "train.jsonl"
-    math500 = data_dir / "math500" / "test.jsonl"
-    for path in (gsm8k, math500):
-        if not path.is_file():
-            raise FileNotFoundError(f"training data file not found: {path} (set ENTR_DATA_DIR)")
-    with gsm8k.open(encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            yield row["question"]
-            yield row["answer"]
-    with math500.open(encoding="utf-8") as f:
-        for line in f:
-            yield json.loads(line)["problem"]
+    Both files are found by `locate` (``data_dir`` first, None: ``$ENTR_DATA_DIR``); raises
+    `entr_jax.data.files.DataNotFoundError` naming what was tried when one is missing.
+    """
+    gsm8k = read_jsonl(locate("gsm8k/train.jsonl", data_dir).path)
+    math500 = read_jsonl(locate("math500/test.jsonl", data_dir).path)
+    for row in gsm8k:
+        yield row["question"]
+        yield row["answer"]
+    for row in math500:
+        yield row["problem"]
 
 
 def train_tokenizer(texts: Iterator[str]) -> Tokenizer:
@@ -130,8 +124,9 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def build(out_dir: pathlib.Path, data_dir: pathlib.Path) -> None:
-    """Train the tokenizer on ``data_dir`` and write the four files into ``out_dir``."""
+def build(out_dir: pathlib.Path, data_dir: str | os.PathLike | None = None) -> None:
+    """Train the tokenizer on the data (see `training_texts`) and write the four files
+    into ``out_dir``."""
     tok = train_tokenizer(training_texts(data_dir))
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
     if [ids[t] for t in SPECIAL_TOKENS] != [0, 1, 2, 3]:
@@ -188,9 +183,10 @@ def build(out_dir: pathlib.Path, data_dir: pathlib.Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(__file__).parent / "tiny")
-    parser.add_argument("--data-dir", type=pathlib.Path, default=None)
+    parser.add_argument("--data-dir", type=pathlib.Path, default=None,
+                        help="data folder looked up first (default: $ENTR_DATA_DIR)")
     args = parser.parse_args(argv)
-    build(args.out, args.data_dir or default_data_dir())
+    build(args.out, args.data_dir)
     print(f"wrote {args.out}")
 
 

@@ -1,18 +1,22 @@
-"""Prompt data: example sources, grain prompt-batch iterator, templates, SFT demos.
+"""Prompt data: data files, example sources, grain prompt-batch iterator, templates, SFT demos.
 
-Importing this package does not import grain, reasoning-gym or math-verify; those load
-when used.
+Data files are found by `locate` (data folder, package, user cache, pinned download; see
+`entr_jax.data.files`) and fetched ahead of time with ``entr-data`` (`entr_jax.data.cli`).
+Importing this package does not import grain, reasoning-gym, math-verify, httpx or
+huggingface_hub; those load when used.
 """
 
 from entr_jax.data.pipeline import PromptBatchIterator, PromptDataConfig
-from entr_jax.data.sources import data_dir, load_source
+from entr_jax.data.files import DataNotFoundError, locate
+from entr_jax.data.sources import load_source
 from entr_jax.data.templates import PromptTemplate, encode_prompt
 
 __all__ = [
+    "DataNotFoundError",
     "PromptBatchIterator",
     "PromptDataConfig",
     "PromptTemplate",
-    "data_dir",
     "encode_prompt",
     "load_source",
+    "locate",
 ]

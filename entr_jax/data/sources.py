@@ -8,11 +8,15 @@ Every source returns a list of examples, each a dict with at least
 * ``source``: the source name,
 
 plus source-specific extras (``solution`` worked solution, ``level``, ``subject``, ...).
-Files are read from `data_dir` (``ENTR_DATA_DIR`` or ``<repo root>/../shared/data``).
+Files are found by `entr_jax.data.files.locate`: the ``data_dir`` argument (``--data.dir``)
+or ``$ENTR_DATA_DIR``, then the package (GSM8K train ships with it), the user cache, then
+a checksum-checked download of the pinned upstream (``entr-data fetch`` does it ahead of
+time).
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -20,26 +24,23 @@ import pathlib
 import re
 from typing import Any, Callable
 
+from entr_jax.data.files import locate
 from entr_jax.tasks.arith import ArithLimits, ArithmeticError_, format_number, safe_eval
 
 Example = dict[str, Any]
-
-_REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def data_dir() -> pathlib.Path:
-    """The data folder: ``$ENTR_DATA_DIR`` if set, else ``<repo root>/../shared/data``."""
-    env = os.environ.get("ENTR_DATA_DIR")
-    return pathlib.Path(env) if env else (_REPO_ROOT.parent / "shared" / "data").resolve()
+DataDir = str | os.PathLike | None
+"""A data folder (``--data.dir``); None or empty: ``$ENTR_DATA_DIR``, then the other places."""
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    """Reads a JSON-lines file (blank lines skipped). Raises FileNotFoundError naming it."""
+    """Reads a JSON-lines file, gzip-compressed when its name ends in ``.gz`` (blank lines
+    skipped). Raises FileNotFoundError naming the path, ValueError naming the bad line."""
     path = pathlib.Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"data file not found: {path} (set ENTR_DATA_DIR?)")
+        raise FileNotFoundError(f"data file not found: {path}")
     rows = []
-    with path.open(encoding="utf-8") as f:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
         for line_no, line in enumerate(f, 1):
             if line.strip():
                 try:
@@ -56,11 +57,22 @@ def gsm8k_final_answer(solution: str) -> str:
     return solution.rsplit("####", 1)[1].strip().replace(",", "")
 
 
-def load_gsm8k(split: str = "train") -> list[Example]:
-    """GSM8K ``train`` (7473) or ``test`` (1319); extras: ``solution`` (worked solution)."""
+def read_data(key: str, data_dir: DataDir = None) -> list[dict]:
+    """The rows of data file ``key`` (``"gsm8k/test.jsonl"``), found by `locate`.
+
+    Raises:
+      entr_jax.data.files.DataNotFoundError: (a FileNotFoundError) found nowhere; the
+        message names ``--data.dir`` / ``ENTR_DATA_DIR``, the cache and the fetch command.
+    """
+    return read_jsonl(locate(key, data_dir).path)
+
+
+def load_gsm8k(split: str = "train", data_dir: DataDir = None) -> list[Example]:
+    """GSM8K ``train`` (7473, ships with the package) or ``test`` (1319); extras:
+    ``solution`` (worked solution)."""
     if split not in ("train", "test"):
         raise ValueError(f"load_gsm8k: split must be 'train' or 'test', got {split!r}")
-    rows = read_jsonl(data_dir() / "gsm8k" / f"{split}.jsonl")
+    rows = read_data(f"gsm8k/{split}.jsonl", data_dir)
     return [
         {
             "id": f"gsm8k/{split}/{i}",
@@ -73,9 +85,9 @@ def load_gsm8k(split: str = "train") -> list[Example]:
     ]
 
 
-def load_math500() -> list[Example]:
+def load_math500(data_dir: DataDir = None) -> list[Example]:
     """MATH-500 (500): ``answer`` is LaTeX; extras ``solution``, ``subject``, ``level``."""
-    rows = read_jsonl(data_dir() / "math500" / "test.jsonl")
+    rows = read_data("math500/test.jsonl", data_dir)
     return [
         {
             "id": r["unique_id"],
@@ -96,9 +108,9 @@ def _number_to_str(value: Any) -> str:
     return str(value)
 
 
-def load_aime24() -> list[Example]:
+def load_aime24(data_dir: DataDir = None) -> list[Example]:
     """AIME 2024 (30); answers are 3-digit strings as published (``"025"``)."""
-    rows = read_jsonl(data_dir() / "aime24" / "test.jsonl")
+    rows = read_data("aime24/test.jsonl", data_dir)
     return [
         {
             "id": f"aime24/{r['id']}",
@@ -111,9 +123,9 @@ def load_aime24() -> list[Example]:
     ]
 
 
-def load_amc23() -> list[Example]:
+def load_amc23(data_dir: DataDir = None) -> list[Example]:
     """AMC 2023 (40); the file's float answers are written as integers when integral."""
-    rows = read_jsonl(data_dir() / "amc23" / "test.jsonl")
+    rows = read_data("amc23/test.jsonl", data_dir)
     return [
         {
             "id": f"amc23/{r['id']}",
@@ -141,8 +153,10 @@ def gsm8k_arithmetic(
     eval_fraction: float = 0.1,
     max_chars: int = 30,
     max_abs_result: int = 10**9,
+    data_dir: DataDir = None,
 ) -> list[Example]:
-    """Arithmetic problems from the ``<<expr=result>>`` annotations of GSM8K *train*.
+    """Arithmetic problems from the ``<<expr=result>>`` annotations of GSM8K *train* (the
+    split that ships with the package, so this source works offline).
 
     Filter (documented, applied in this order): the expression contains only digits,
     ``. + - * / ( )`` and spaces, has at most ``max_chars`` characters (spaces removed)
@@ -164,7 +178,7 @@ def gsm8k_arithmetic(
     limits = ArithLimits(max_chars=max_chars)
     seen: set[str] = set()
     out: list[Example] = []
-    for row in read_jsonl(data_dir() / "gsm8k" / "train.jsonl"):
+    for row in read_data("gsm8k/train.jsonl", data_dir):
         for expr_raw, result_raw in CALC_ANNOTATION_RE.findall(row["answer"]):
             expr = expr_raw.replace(" ", "")
             if expr in seen or not _SIMPLE_EXPR_RE.match(expr) or len(expr) > max_chars:
@@ -230,8 +244,15 @@ SOURCES: dict[str, Callable[..., list[Example]]] = {
 }
 
 
-def load_source(name: str, **kwargs: Any) -> list[Example]:
-    """Loads a source by name (keys of `SOURCES`); kwargs go to its loader."""
+FILE_SOURCES = frozenset({"gsm8k", "math500", "aime24", "amc23", "gsm8k_arithmetic"})
+"""The sources read from data files (they take ``data_dir``)."""
+
+
+def load_source(name: str, data_dir: DataDir = None, **kwargs: Any) -> list[Example]:
+    """Loads a source by name (keys of `SOURCES`); kwargs go to its loader, ``data_dir``
+    to the file-based ones (`FILE_SOURCES`; the others ignore it)."""
     if name not in SOURCES:
         raise ValueError(f"unknown data source {name!r}; known: {sorted(SOURCES)}")
+    if name in FILE_SOURCES:
+        kwargs["data_dir"] = data_dir
     return SOURCES[name](**kwargs)

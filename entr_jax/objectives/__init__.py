@@ -1,6 +1,6 @@
 """Policy-gradient objectives: ENTR (the method) and the off-policy baselines.
 
-Specification: ``../shared/docs/algorithms.md`` sections 2-5 and 7.
+Specification: ``docs/algorithms.md`` sections 2-5 and 7.
 
 Every objective is a pure function ``fn(logp_pi, batch, cfg) -> (loss, metrics)`` with a
 frozen config dataclass; `OBJECTIVES` maps a method name to ``(fn, ConfigClass)`` and

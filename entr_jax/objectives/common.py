@@ -1,6 +1,6 @@
 """Shared pieces of every objective: input reading and checks, ratios, the PPO clip, metrics.
 
-Conventions (``../shared/docs/algorithms.md``, preamble of section 2):
+Conventions (``docs/algorithms.md``, section 1):
 
 * every ratio is ``exp(clip(log_a - log_b, -LOG_RATIO_CLIP, LOG_RATIO_CLIP))``;
 * every mask and weight is computed from stop-gradient values; only ``logp_pi`` carries

@@ -1,0 +1,7 @@
+"""``python -m entr_jax.data``: the ``entr-data`` command (`entr_jax.data.cli`)."""
+
+import sys
+
+from entr_jax.data.cli import main
+
+sys.exit(main())
