@@ -103,6 +103,9 @@ class SamplerSpec:
         intra-trajectory switches are not available (use ``staleness.mode=async`` for real
         in-flight updates).
       server_urls: the SGLang servers (``sglang`` only), e.g. ``http://127.0.0.1:30000``.
+        Weight pushes, pause/continue and the version check go to each of them directly.
+      router_url: an ``sglang-router`` in front of ``server_urls`` (``sglang`` only; empty =
+        none): generation then goes through it (``docs/sglang.md``).
       api_key: sent as a bearer token when non-empty.
       export_dir: where weight exports go (empty: ``<run_dir>/exports``).
       max_batch_size: rows per device batch of the embedded sampler.
@@ -110,6 +113,7 @@ class SamplerSpec:
 
     kind: Literal["jax", "sglang"] = "jax"
     server_urls: tuple[str, ...] = ()
+    router_url: str = ""
     api_key: str = ""
     export_dir: str = ""
     max_batch_size: int = 256
@@ -119,6 +123,9 @@ class SamplerSpec:
             raise ValueError(f"sampler.kind must be 'jax' or 'sglang', got {self.kind!r}")
         _require(self.kind != "sglang" or len(self.server_urls) > 0, "sampler.server_urls",
                  self.server_urls, "non-empty when sampler.kind is 'sglang'")
+        _require(not self.router_url or (self.kind == "sglang" and self.router_url.startswith(
+            ("http://", "https://"))), "sampler.router_url", self.router_url,
+            "empty, or an http(s):// URL with sampler.kind 'sglang'")
         _require(self.max_batch_size >= 1, "sampler.max_batch_size", self.max_batch_size, ">= 1")
 
 

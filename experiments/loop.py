@@ -226,6 +226,7 @@ class Job:
 
             fleet = SGLangFleetConfig(
                 server_urls=cfg.sampler.server_urls, api_key=cfg.sampler.api_key or None,
+                router_url=cfg.sampler.router_url or None,
                 vocab_size=self.learner.state.model().config.vocab_size,
                 export_dir=cfg.sampler.export_dir or str(self.run / "exports"),
                 export_fn=export)
