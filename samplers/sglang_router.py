@@ -173,8 +173,8 @@ class VersionWatch:
     """Checks every worker's ``weight_version`` directly, in the background, when asked.
 
     `request_check` starts at most one check at a time; the check calls
-    ``take_out(server)`` for each in-rotation worker that reports a version other than
-    ``latest()`` or does not answer. Used when a reply comes back with an older version
+    ``take_out(server)`` for each in-rotation worker that reports a version older than
+    ``latest()`` or does not answer (a worker already ahead, mid-push, is fine). Used when a reply comes back with an older version
     than the fleet had fully pushed when the request was sent: some worker behind the
     router is behind, and the router cannot say which one served the reply.
 
@@ -211,7 +211,7 @@ class VersionWatch:
                 in_rotation = [s for s in self._pool.servers if s.healthy]
             for server in in_rotation:
                 try:
-                    ok = latest is None or self._read_version(server) == latest
+                    ok = latest is None or self._read_version(server) >= latest
                 except Exception:  # noqa: BLE001 - unreachable or unreadable: take it out
                     ok = False
                 if not ok:

@@ -57,10 +57,19 @@ class Workers:
                                        lambda: self.latest and self.latest[1], self.take_out)
 
     def check_router(self) -> None:
-        """Once: the router routes only to ``server_urls`` (`RouterControl.check_members`)."""
-        if self.router is not None and not self._router_checked:
+        """Once: the router routes only to ``server_urls`` (`RouterControl.check_members`).
+
+        Raises:
+          RuntimeError: the router is unreachable, refuses, or routes to other workers.
+        """
+        if self.router is None or self._router_checked:
+            return
+        try:
             self.router.check_members(self.config.server_urls)
-            self._router_checked = True
+        except (httpx.HTTPError, ValueError) as e:
+            raise RuntimeError(f"could not read the worker list of the router at "
+                               f"{self.router.url} (SGLangFleetConfig.router_url): {e!r}") from None
+        self._router_checked = True
 
     def update_all(self, path: str, version: int) -> list[tuple[str, str]]:
         """Load ``path`` as ``version`` on every worker in parallel; the ones that fail are
@@ -93,11 +102,11 @@ class Workers:
             return f"{type(e).__name__}: {e}"
 
     def probe(self, server: Server) -> bool:
-        """Re-probe of a worker out of rotation: load the latest weights if it reports another
+        """Re-probe of a worker out of rotation: load the latest weights if it reports an older
         version, else ``/health_generate``; with a router, add it back. True: back in rotation."""
         try:
             latest = self.latest
-            if latest is not None and self.read_version(server) != latest[1]:
+            if latest is not None and self.read_version(server) < latest[1]:
                 if self.update_one(server, *latest) is not None:
                     return False
             else:

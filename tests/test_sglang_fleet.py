@@ -132,6 +132,16 @@ def test_router_url_validation():
     assert cfg.router_url == "http://127.0.0.1:2"
 
 
+def test_unreachable_router_is_named(servers):
+    fakes = servers(1)
+    port = fakes[0].url.rsplit(":", 1)[1]
+    fakes[0].stop()  # a closed port stands in for a router that is not running
+    with SGLangFleet(_cfg(fakes, server_urls=("http://127.0.0.1:1",),
+                          router_url=f"http://127.0.0.1:{port}")) as fleet:
+        with pytest.raises(RuntimeError, match="SGLangFleetConfig.router_url"):
+            fleet.generate([[1]], PARAMS)
+
+
 def test_run_config_router_url():
     from experiments.config import SamplerSpec
 
