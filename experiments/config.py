@@ -15,6 +15,7 @@ from entr_jax.advantages import AdvantageConfig
 from entr_jax.objectives import OBJECTIVES
 from entr_jax.sharding import MeshConfig
 from entr_jax.staleness import StalenessConfig
+from learners.logging import LoggingConfig
 from learners.optim import OptimizerConfig
 
 _ALIASES = {"estr"}  # registry aliases, not separate config sections
@@ -262,6 +263,7 @@ class RunConfig:
     learner: LearnerSpec = LearnerSpec()
     staleness: StalenessConfig = StalenessConfig()
     checkpoint: CheckpointSpec = CheckpointSpec()
+    logging: LoggingConfig = LoggingConfig()
 
     def __post_init__(self):
         _require(self.rl_steps >= 0, "rl_steps", self.rl_steps, ">= 0")
