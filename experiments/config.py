@@ -15,6 +15,7 @@ from entr_jax.advantages import AdvantageConfig
 from entr_jax.objectives import OBJECTIVES
 from entr_jax.sharding import MeshConfig
 from entr_jax.staleness import StalenessConfig
+from learners.logging import LoggingConfig
 from learners.optim import OptimizerConfig
 
 _ALIASES = {"estr"}  # registry aliases, not separate config sections
@@ -118,6 +119,9 @@ class SamplerSpec:
         intra-trajectory switches are not available (use ``staleness.mode=async`` for real
         in-flight updates).
       server_urls: the SGLang servers (``sglang`` only), e.g. ``http://127.0.0.1:30000``.
+        Weight pushes, pause/continue and the version check go to each of them directly.
+      router_url: an ``sglang-router`` in front of ``server_urls`` (``sglang`` only; empty =
+        none): generation then goes through it (``docs/sglang.md``).
       api_key: sent as a bearer token when non-empty.
       export_dir: where weight exports go (empty: ``<run_dir>/exports``).
       max_batch_size: rows per device batch of the embedded sampler.
@@ -125,6 +129,7 @@ class SamplerSpec:
 
     kind: Literal["jax", "sglang"] = "jax"
     server_urls: tuple[str, ...] = ()
+    router_url: str = ""
     api_key: str = ""
     export_dir: str = ""
     max_batch_size: int = 256
@@ -134,6 +139,9 @@ class SamplerSpec:
             raise ValueError(f"sampler.kind must be 'jax' or 'sglang', got {self.kind!r}")
         _require(self.kind != "sglang" or len(self.server_urls) > 0, "sampler.server_urls",
                  self.server_urls, "non-empty when sampler.kind is 'sglang'")
+        _require(not self.router_url or (self.kind == "sglang" and self.router_url.startswith(
+            ("http://", "https://"))), "sampler.router_url", self.router_url,
+            "empty, or an http(s):// URL with sampler.kind 'sglang'")
         _require(self.max_batch_size >= 1, "sampler.max_batch_size", self.max_batch_size, ">= 1")
 
 
@@ -271,6 +279,7 @@ class RunConfig:
     learner: LearnerSpec = LearnerSpec()
     staleness: StalenessConfig = StalenessConfig()
     checkpoint: CheckpointSpec = CheckpointSpec()
+    logging: LoggingConfig = LoggingConfig()
 
     def __post_init__(self):
         _require(self.rl_steps >= 0, "rl_steps", self.rl_steps, ">= 0")

@@ -52,7 +52,7 @@ from experiments.rundir import RunDir
 from experiments.tasks import TaskBundle, build_task, demo_trajectory
 from learners.checkpoint import CheckpointManager
 from learners.learner import Learner, LearnerConfig
-from learners.logging import MetricsLogger
+from learners.logging import make_logger
 from learners.optim import OptimizerConfig
 from samplers.jax_sampler import JaxSampler, JaxSamplerConfig
 
@@ -210,7 +210,8 @@ class Job:
             self.task.train, PromptDataConfig(batch_size=cfg.task.prompts_per_step, seed=cfg.seed))
         self.line = DelayLine(cfg.staleness)
         self.ring: ParamRing = ParamRing(cfg.staleness.ring_size)
-        self.logger = MetricsLogger(self.run / "tb", jsonl=False)
+        self.logger = make_logger(self.run / "tb", cfg.logging, run_dir=self.run.path,
+                                  name=cfg.name, resume=self.resume, jsonl=False)
         self._pending: list[dict[str, Any]] = []  # loop records awaiting learner metrics
 
     def _make_sampler(self):
@@ -226,6 +227,7 @@ class Job:
 
             fleet = SGLangFleetConfig(
                 server_urls=cfg.sampler.server_urls, api_key=cfg.sampler.api_key or None,
+                router_url=cfg.sampler.router_url or None,
                 vocab_size=self.learner.state.model().config.vocab_size,
                 export_dir=cfg.sampler.export_dir or str(self.run / "exports"),
                 export_fn=export)

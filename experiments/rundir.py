@@ -9,6 +9,9 @@
                          runs with the same config and seed write identical files
       timing.jsonl       one JSON object per RL step: wall-clock figures (time/*, throughput/*)
       tb/                tensorboard events (metrics and timing)
+      wandb.json         the Weights & Biases run (id, url or offline path), with
+                         logging.wandb=true; W&B's own files go to wandb/ unless
+                         logging.wandb_dir says otherwise
       checkpoints/       orbax checkpoints (learner state + JSON side items)
       ring/              parameter-ring snapshots that go with checkpoints (intra switches)
       token_samples/     step_<n>.npz: per-token (log_ratio, entropy_mu, kept) samples

@@ -1,4 +1,5 @@
-"""Metrics logging: tensorboardX scalars/histograms + a JSONL file, process 0 only.
+"""Metrics logging: tensorboardX scalars/histograms + a JSONL file, process 0 only; optionally
+also Weights & Biases (`learners.wandb_logger`), with the same metric names (`make_logger`).
 
 `DeferredMetrics` implements "fetch step n-1's metrics to the host after dispatching step
 n" (``docs/design.md``, "Jit and sharding"): the device arrays of a step are
@@ -8,17 +9,51 @@ between steps.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 import jax
 import numpy as np
 
 from learners.step import HISTOGRAM_EDGES
 
-__all__ = ["DeferredMetrics", "MetricsLogger"]
+__all__ = ["DeferredMetrics", "LoggingConfig", "Loggers", "MetricsLogger", "make_logger"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingConfig:
+    """Where step metrics go besides ``metrics.jsonl``: TensorBoard always (``<run_dir>/tb``);
+    Weights & Biases when ``wandb`` is true. Nothing here can change a run's results.
+
+    Attributes:
+      wandb: also log to W&B (``pip install -e '.[wandb]'``); same metric names as
+        TensorBoard, step = learner step, the run's URL or offline path is recorded in
+        ``<run_dir>/wandb.json``.
+      wandb_project: W&B project.
+      wandb_entity: W&B team or user; empty = the logged-in account's default.
+      wandb_group: W&B run group (e.g. a sweep's name); empty = none.
+      wandb_mode: ``online`` (upload while running) or ``offline`` (write files only;
+        upload later with ``wandb sync <path>``, path in ``wandb.json``). Offline makes no
+        network calls.
+      wandb_dir: where W&B writes its files; empty = the run directory (``<run_dir>/wandb``).
+    """
+
+    wandb: bool = False
+    wandb_project: str = "entr-jax"
+    wandb_entity: str = ""
+    wandb_group: str = ""
+    wandb_mode: Literal["online", "offline"] = "online"
+    wandb_dir: str = ""
+
+    def __post_init__(self):
+        if self.wandb_mode not in ("online", "offline"):
+            raise ValueError(
+                f"logging.wandb_mode must be 'online' or 'offline', got {self.wandb_mode!r}")
+        if not self.wandb_project.strip():
+            raise ValueError("logging.wandb_project must be a non-empty name")
 
 
 class DeferredMetrics:
@@ -96,13 +131,16 @@ class MetricsLogger:
 
     def log(self, step: int, version: int | None, metrics: Mapping[str, Any]) -> None:
         """Write host ``metrics`` of ``step``: scalars at ``global_step=step`` (plus
-        ``train/version``), ``hist/*`` bucket counts as histograms, one JSONL line."""
+        ``version``, the name ``metrics.jsonl`` gives it), ``hist/*`` bucket counts as
+        histograms, one JSONL line. ``version`` is the caller's (the main job: the policy
+        version of the step's batch); a learner metric ``train/version`` (the version after
+        the step) keeps its own name."""
         if not self.enabled:
             return
         record: dict[str, Any] = {"step": int(step)}
         if version is not None:
             record["version"] = int(version)
-            self._writer.add_scalar("train/version", float(version), step)
+            self._writer.add_scalar("version", float(version), step)
         for key, value in metrics.items():
             if key in HISTOGRAM_EDGES:
                 self._add_hist(key, np.asarray(value, np.float64), step)
@@ -138,6 +176,61 @@ class MetricsLogger:
             self._writer.close()
             if self._jsonl is not None:
                 self._jsonl.close()
+
+
+class Loggers:
+    """Fan-out: every call goes to each logger in turn (same ``log_hparams`` / ``log`` /
+    ``close`` interface as `MetricsLogger`), so every backend gets the same names and values."""
+
+    def __init__(self, *loggers):
+        self.loggers = loggers
+
+    def log_hparams(self, hparams: Mapping[str, Any]) -> None:
+        for logger in self.loggers:
+            logger.log_hparams(hparams)
+
+    def log(self, step: int, version: int | None, metrics: Mapping[str, Any]) -> None:
+        for logger in self.loggers:
+            logger.log(step, version, metrics)
+
+    def close(self) -> None:
+        """Close every logger (all of them, even when one fails; the first error is raised)."""
+        error = None
+        for logger in self.loggers:
+            try:
+                logger.close()
+            except Exception as e:  # noqa: BLE001 - closed the others first, then re-raised
+                error = error or e
+        if error is not None:
+            raise error
+
+
+def make_logger(logdir: str | Path, config: LoggingConfig, *, run_dir: str | Path, name: str,
+                resume: bool = False, enabled: bool | None = None,
+                jsonl: bool = True) -> MetricsLogger | Loggers:
+    """The run's logger: `MetricsLogger` at ``logdir``, fanned out to a
+    `learners.wandb_logger.WandbLogger` when ``config.wandb``.
+
+    Args:
+      logdir: TensorBoard directory.
+      config: `LoggingConfig`.
+      run_dir: the run directory (``wandb.json`` and, by default, W&B's files go there).
+      name: run name shown in W&B.
+      resume: continue the W&B run recorded in ``run_dir/wandb.json``, if any.
+      enabled, jsonl: as in `MetricsLogger`.
+
+    Raises:
+      RuntimeError: ``config.wandb`` without the ``wandb`` package (names the extra), before
+        anything is written.
+    """
+    if not config.wandb:
+        return MetricsLogger(logdir, enabled=enabled, jsonl=jsonl)
+    from learners.wandb_logger import WandbLogger, import_wandb
+
+    import_wandb()  # fail before creating any file
+    tensorboard = MetricsLogger(logdir, enabled=enabled, jsonl=jsonl)
+    return Loggers(tensorboard, WandbLogger(run_dir, config, name=name, resume=resume,
+                                            enabled=enabled))
 
 
 def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -25,9 +25,16 @@ class SGLangFleetConfig:
     """How to reach, load-balance and update a fleet of SGLang servers.
 
     Attributes:
-      server_urls: base URLs of the SGLang servers (``http://127.0.0.1:30000``), one per
-        server process; a single ``sglang-router`` URL is also accepted (then the router
-        balances and broadcasts weight updates, see ``docs/sglang.md``).
+      server_urls: base URLs of the SGLang workers (``http://127.0.0.1:30000``), one per
+        server process. Weight pushes, pause/continue and the version check always go to
+        each of them directly; without ``router_url`` the client also routes ``/generate``
+        among them.
+      router_url: base URL of an ``sglang-router`` in front of ``server_urls``, or None.
+        When set, every ``/generate`` goes through the router (its load balancing, health
+        checks and retries), and the client adds/removes workers in the router's registry
+        so that a worker that missed a weight push rejoins only after catching up
+        (`samplers.sglang_router`, ``docs/sglang.md``). The router must route to no worker
+        outside ``server_urls``.
       api_key: sent as ``Authorization: Bearer <api_key>`` on every request when set
         (servers launched with ``--api-key``).
       vocab_size: size V of the model's output vocabulary (``lm_head`` rows). Used only by
@@ -65,6 +72,7 @@ class SGLangFleetConfig:
     """
 
     server_urls: tuple[str, ...] = ("http://127.0.0.1:30000",)
+    router_url: str | None = None
     api_key: str | None = None
     vocab_size: int = 151_936
     entropy_top_k: int = 20
@@ -100,6 +108,18 @@ class SGLangFleetConfig:
                 )
         if len(set(self.server_urls)) != len(self.server_urls):
             raise ValueError(f"SGLangFleetConfig.server_urls has duplicates: {self.server_urls}")
+        if self.router_url is not None:
+            router = self.router_url.rstrip("/")
+            parsed = urlparse(router)
+            if parsed.scheme not in ("http", "https") or not parsed.hostname:
+                raise ValueError(
+                    f"SGLangFleetConfig.router_url must be None or an http(s)://host:port URL, "
+                    f"got {self.router_url!r}")
+            if router in self.server_urls:
+                raise ValueError(
+                    f"SGLangFleetConfig.router_url {router!r} is also in server_urls: list the "
+                    "workers in server_urls and the router only in router_url")
+            object.__setattr__(self, "router_url", router)
         if self.api_key is not None and (not self.api_key or any(c.isspace() for c in self.api_key)):
             raise ValueError("SGLangFleetConfig.api_key must be None or a non-empty token without spaces")
         if self.vocab_size < 2:

@@ -5,26 +5,36 @@ Every (prompt, sample) pair is one *unit*, sampled by one ``/generate`` request 
 failover, so a dead or hung server costs only its own units, each of which is answered
 exactly once; SGLang's radix cache still shares the prompt prefix across the G samples.
 
-* Routing: least outstanding requests over the healthy servers; ``max_attempts`` tries per
-  request with exponential backoff (``tenacity``); a failed try (timeout, dropped
-  connection, 5xx/429, unusable JSON) is retried on the least-loaded healthy server. A
-  server failing ``unhealthy_after`` times in a row leaves the rotation and is re-probed
-  (``/health_generate``, and a weight update if it missed one) after
-  ``reprobe_interval_s``. A timed-out request is also aborted on its server
-  (``/abort_request`` with its ``rid``, best effort) so it does not keep computing.
+* With ``config.router_url``, every ``/generate`` goes to SGLang's own router
+  (`samplers.sglang_router`), which balances (cache-aware), health-checks and retries
+  across the workers. The client still retries what reaches it (below), resumes aborted
+  samples, and does all that needs the workers themselves (`samplers.sglang_workers`):
+  weight pushes, pause/continue, the version check, and taking a worker out of the router
+  while it catches up on weights it missed.
+* Retries: ``max_attempts`` tries per request with exponential backoff (``tenacity``); a
+  failed try (timeout, dropped connection, 5xx/429, unusable JSON) is tried again. A
+  timed-out request is also aborted (``/abort_request`` with its ``rid``, best effort) so
+  it does not keep computing.
+* Without a router the client routes itself: least outstanding requests over the healthy
+  servers, a retry goes to the least-loaded healthy one; a server failing
+  ``unhealthy_after`` times in a row leaves the rotation and is re-probed
+  (``/health_generate``, and a weight update if it missed one) after ``reprobe_interval_s``.
 * Abort: a reply with ``finish_reason.type == "abort"`` (e.g. a weight update paused the
   server) is resumed: the tokens so far are appended to the input and only the remaining
   budget is requested; segments are concatenated, each token keeping the version of the
   reply that produced it.
 * Versions: ``meta_info.weight_version`` (a string) of every reply is parsed to an int and
   recorded as ``token_version`` of that reply's tokens (`sglang_protocol.parse_weight_version`).
+  A reply older than the version fully pushed when its request was sent comes from a worker
+  that fell behind (e.g. restarted): it is kept (its tokens are labelled correctly) and that
+  worker is taken out and caught up (with a router, every worker's version is checked, as
+  the router does not say which worker answered).
 * Weight sync (`update_weights`): export HF safetensors to ``export_dir/v{version}``, then
-  on every server ``/pause_generation`` (mode ``abort``: in-flight requests return at once
-  with the tokens and version they have, and are resumed by their units),
+  on every worker directly ``/pause_generation`` (mode ``abort``: in-flight requests return
+  at once with the tokens and version they have, and are resumed by their units),
   ``/update_weights_from_disk`` (``model_path``, ``weight_version``),
-  ``/continue_generation`` and a ``/health_generate`` that must succeed. Modes
-  ``in_place``/``retract`` would let one reply mix tokens of two weight versions under a
-  single ``weight_version``, so they are not used for updates.
+  ``/continue_generation`` and a ``/health_generate`` that must succeed
+  (`samplers.sglang_workers`).
 
 Log-prob and entropy handling (masking of unreadable tokens, entropy estimation with an
 error bound) is in `samplers.sglang_protocol` and `samplers.sglang_entropy`.
@@ -55,9 +65,15 @@ from samplers.sglang_protocol import (
     check_params_supported,
     decode_body,
     parse_generate_reply,
-    parse_weight_version,
 )
-from samplers.sglang_routing import Retryable, Server, ServerPool
+from samplers.sglang_routing import Retryable
+from samplers.sglang_workers import Workers
+
+_COUNTERS = COUNTER_KEYS + (
+    "tokens", "retries", "failovers", "timeouts", "connection_errors", "http_errors",
+    "malformed_responses", "aborts_resumed", "probes", "servers_recovered",
+    "servers_marked_unhealthy", "weight_updates", "weight_update_failures", "stale_replies",
+    "version_checks", "router_removals", "router_additions", "router_errors")
 
 
 class SGLangFleet:
@@ -77,16 +93,14 @@ class SGLangFleet:
             limits=httpx.Limits(max_connections=config.max_concurrency + 4 * len(config.server_urls)),
             transport=transport,
         )
-        self._routing = ServerPool(config.server_urls, config.unhealthy_after,
-                                   config.reprobe_interval_s, config.request_timeout_s, self._probe)
-        self._servers = self._routing.servers
-        self._cond = self._routing.cond
+        self._workers = Workers(config, self._client)
+        self._target = self._workers.target  # where /generate requests go
+        self._cond = self._workers.pool.cond
+        self._counters = self._workers.pool.counters
         self._pool = cf.ThreadPoolExecutor(config.max_concurrency, thread_name_prefix="sglang")
-        self._counters = self._routing.counters
         self._halfwidth_sum = 0.0
         self._update_lock = threading.Lock()
         self._version = config.initial_version
-        self._latest: tuple[str, int] | None = None
         self._run_id = uuid.uuid4().hex[:8]
         self._calls = 0
 
@@ -101,9 +115,11 @@ class SGLangFleet:
 
         Raises:
           ValueError: bad ``prompts``/``num_samples`` or filtering ``params``.
-          RuntimeError: a unit failed ``max_attempts`` times (the fleet is down).
+          RuntimeError: a unit failed ``max_attempts`` times (the fleet is down), or the
+            router routes to a worker outside ``server_urls`` (checked on the first call).
         """
         check_params_supported(params)
+        self._workers.check_router()
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
         prompt_lists = []
@@ -161,28 +177,20 @@ class SGLangFleet:
             raise ValueError(f"path {path!r} is not a directory")
         self._check_version(version)
         with self._update_lock:
-            path = os.path.abspath(path)
-            with cf.ThreadPoolExecutor(len(self._servers)) as control_pool:
-                errors = list(control_pool.map(
-                    lambda s: self._update_server(s, path, version), self._servers))
-            self._latest = (path, int(version))
-            self._version = int(version)
-            failed = [(s.url, e) for s, e in zip(self._servers, errors) if e is not None]
-            for s, e in zip(self._servers, errors):
-                if e is not None:
-                    self._routing.mark_unhealthy(s)
-            self._counters["weight_updates"] += 1
-            self._counters["weight_update_failures"] += len(failed)
-            if len(failed) == len(self._servers):
+            failed = self._workers.update_all(os.path.abspath(path), int(version))
+            self._version = int(version)  # after the failed workers are out of rotation
+            self._count("weight_updates")
+            self._count("weight_update_failures", len(failed))
+            if len(failed) == len(self._workers.servers):
                 raise RuntimeError(f"weight update to version {version} failed on every server: {failed}")
 
     def pause(self) -> None:
         """``/pause_generation`` (mode ``in_place``) on every server."""
-        self._broadcast("/pause_generation", {"mode": "in_place"})
+        self._workers.broadcast("/pause_generation", {"mode": "in_place"})
 
     def resume(self) -> None:
         """``/continue_generation`` on every server."""
-        self._broadcast("/continue_generation", {})
+        self._workers.broadcast("/continue_generation", {})
 
     # ------------------------------------------------------------------ extras
     @property
@@ -193,16 +201,10 @@ class SGLangFleet:
     def metrics(self) -> dict[str, float]:
         """Flat ``sglang/...`` counters since construction (float values)."""
         with self._cond:
-            out = {f"sglang/{k}": float(v) for k, v in self._counters.items()}
+            out = {f"sglang/{k}": float(self._counters[k]) for k in _COUNTERS}
             n = self._counters["tokens"]
             out["sglang/entropy_halfwidth_mean"] = self._halfwidth_sum / n if n else 0.0
-            out["sglang/servers_unhealthy"] = float(sum(not s.healthy for s in self._servers))
-        for k in COUNTER_KEYS + ("tokens", "retries", "failovers", "timeouts",
-                                 "connection_errors", "http_errors", "malformed_responses",
-                                 "aborts_resumed", "probes", "servers_recovered",
-                                 "servers_marked_unhealthy", "weight_updates",
-                                 "weight_update_failures"):
-            out.setdefault(f"sglang/{k}", 0.0)
+            out["sglang/servers_unhealthy"] = float(sum(not s.healthy for s in self._workers.servers))
         return out
 
     def close(self) -> None:
@@ -259,7 +261,8 @@ class SGLangFleet:
         last_url: list[str | None] = [None]
 
         def attempt_once(n: int) -> Segment:
-            server = self._routing.acquire()
+            server = self._target.acquire()
+            pushed = self._version  # fully pushed to every worker in rotation
             if n > 1:
                 self._count("retries")
                 if last_url[0] is not None and server.url != last_url[0]:
@@ -269,17 +272,17 @@ class SGLangFleet:
             try:
                 resp = self._client.post(server.url + "/generate", json=payload)
             except httpx.TimeoutException:
-                self._routing.release(server, ok=False, counter="timeouts")
-                self._abort_rid(server, payload["rid"])
+                self._target.release(server, ok=False, counter="timeouts")
+                self._workers.abort_rid(server, payload["rid"])
                 raise Retryable(f"{server.url} timed out") from None
             except httpx.TransportError as e:
-                self._routing.release(server, ok=False, counter="connection_errors")
+                self._target.release(server, ok=False, counter="connection_errors")
                 raise Retryable(f"{server.url}: {e!r}") from None
             if resp.status_code >= 500 or resp.status_code == 429:
-                self._routing.release(server, ok=False, counter="http_errors")
+                self._target.release(server, ok=False, counter="http_errors")
                 raise Retryable(f"{server.url} answered {resp.status_code}")
             if resp.status_code != 200:
-                self._routing.release(server, ok=True)
+                self._target.release(server, ok=True)
                 raise RuntimeError(
                     f"{server.url}/generate rejected the request ({resp.status_code}): "
                     f"{resp.text[:500]}")
@@ -289,9 +292,11 @@ class SGLangFleet:
                 if len(seg.token_ids) > budget:
                     raise MalformedResponse(f"{len(seg.token_ids)} tokens for a budget of {budget}")
             except MalformedResponse as e:
-                self._routing.release(server, ok=False, counter="malformed_responses")
+                self._target.release(server, ok=False, counter="malformed_responses")
                 raise Retryable(f"{server.url}: {e}") from None
-            self._routing.release(server, ok=True)
+            self._target.release(server, ok=True)
+            if seg.version < pushed:
+                self._workers.stale_reply(server)
             with self._cond:
                 self._counters.update({k: v for k, v in seg.counts.items() if v})
                 self._counters["tokens"] += len(seg.token_ids)
@@ -315,64 +320,9 @@ class SGLangFleet:
             ) from None
         raise AssertionError("unreachable")
 
-    # ------------------------------------------------------------------ health / weight sync
-    def _probe(self, server: Server) -> bool:
-        """Health check; first pushes the latest weights if the server reports another version."""
-        try:
-            info = self._control(server, "GET", "/get_model_info").json()
-            latest = self._latest
-            if latest is not None and parse_weight_version(
-                    info.get("weight_version"), self.config.initial_version) != latest[1]:
-                return self._update_server(server, *latest) is None
-            self._control(server, "GET", "/health_generate")
-            return True
-        except (httpx.HTTPError, ValueError, RuntimeError, AttributeError):
-            return False
-
-    def _update_server(self, server: Server, path: str, version: int) -> str | None:
-        """Pause, load ``path`` as ``version``, continue, health-check one server; error or None."""
-        try:
-            self._control(server, "POST", "/pause_generation", {"mode": "abort"})
-            try:
-                body = self._control(server, "POST", "/update_weights_from_disk", {
-                    "model_path": path, "weight_version": str(int(version)),
-                    "flush_cache": True, "abort_all_requests": True}).json()
-                if not isinstance(body, dict) or body.get("success") is not True:
-                    raise RuntimeError(f"update_weights_from_disk failed: {body!r}")
-            finally:
-                self._control(server, "POST", "/continue_generation", {})
-            self._control(server, "GET", "/health_generate")
-            return None
-        except (httpx.HTTPError, ValueError, RuntimeError) as e:
-            return f"{type(e).__name__}: {e}"
-
-    def _control(self, server: Server, method: str, route: str,
-                 body: dict | None = None) -> httpx.Response:
-        resp = self._client.request(method, server.url + route, json=body,
-                                    timeout=self.config.control_timeout_s)
-        if resp.status_code != 200:
-            raise RuntimeError(f"{method} {server.url}{route} -> {resp.status_code}: {resp.text[:300]}")
-        return resp
-
-    def _broadcast(self, route: str, body: dict) -> None:
-        errors = []
-        for s in self._servers:
-            try:
-                self._control(s, "POST", route, body)
-            except (httpx.HTTPError, RuntimeError) as e:
-                errors.append(f"{s.url}: {e}")
-        if errors:
-            raise RuntimeError(f"{route} failed on {len(errors)} server(s): {errors}")
-
-    def _abort_rid(self, server: Server, rid: str) -> None:
-        try:
-            self._client.post(server.url + "/abort_request", json={"rid": rid},
-                              timeout=self.config.connect_timeout_s)
-        except httpx.HTTPError:
-            pass
-
+    # ------------------------------------------------------------------ bookkeeping
     def _count(self, key: str, n: int = 1) -> None:
-        self._routing.count(key, n)
+        self._workers.pool.count(key, n)
 
     def _check_version(self, version: int) -> None:
         if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or version < 0:

@@ -4,8 +4,9 @@ One ``python -m sglang.launch_server`` process per group of ``tp_size`` GPUs (se
 with ``CUDA_VISIBLE_DEVICES``), on consecutive ports from ``base_port``, bound to
 loopback unless ``host`` says otherwise, optionally behind one
 ``python -m sglang_router.launch_router``. The fleet client is then pointed at
-`server_urls` (see ``docs/sglang.md``). Requires ``pip install -e .[sglang]`` on the GPU
-hosts; this module itself only builds (and, with ``--run``, starts) the commands.
+`server_urls` and, with a router, `router_url` (see ``docs/sglang.md``). Requires
+``pip install -e .[sglang]`` on the GPU hosts (``.[router]`` for the router); this module
+itself only builds (and, with ``--run``, starts) the commands.
 
 Usage::
 
@@ -39,8 +40,13 @@ class SGLangLaunchConfig:
         for weights + KV cache).
       deterministic: add ``--enable-deterministic-inference`` (makes ``sampling_seed``
         effective, at some throughput cost).
-      router_port: when set, also start ``sglang_router.launch_router`` on this port
-        over all servers (the client may then use the single router URL).
+      router_port: when set, also start ``sglang_router.launch_router`` (PyPI
+        ``sglang-router``, ``pip install -e .[router]``) on this port over all servers; point
+        the client at it with ``SGLangFleetConfig.router_url`` (`router_url`) and keep the
+        servers in ``server_urls``.
+      router_metrics_port: the router's Prometheus port (``--prometheus-port``, bound to
+        ``host``); None = ``router_port + 1``. The router's own default, 0.0.0.0:29000,
+        would collide with a router on port 29000 or a second router on the host.
       extra_args: appended verbatim to every server command.
       python: interpreter used for the commands.
     """
@@ -54,6 +60,7 @@ class SGLangLaunchConfig:
     mem_fraction_static: float | None = None
     deterministic: bool = False
     router_port: int | None = None
+    router_metrics_port: int | None = None
     extra_args: tuple[str, ...] = ()
     python: str = "python"
 
@@ -73,6 +80,15 @@ class SGLangLaunchConfig:
             raise ValueError(f"SGLangLaunchConfig.router_port out of range: {self.router_port}")
         if self.router_port is not None and self.base_port <= self.router_port < self.base_port + self.num_servers:
             raise ValueError("SGLangLaunchConfig.router_port collides with a server port")
+        if self.router_metrics_port is not None and self.router_port is None:
+            raise ValueError("SGLangLaunchConfig.router_metrics_port needs router_port")
+        if self.router_port is not None:
+            metrics = self.metrics_port
+            if not 1024 <= metrics <= 65535 or metrics == self.router_port or \
+                    self.base_port <= metrics < self.base_port + self.num_servers:
+                raise ValueError(
+                    f"SGLangLaunchConfig.router_metrics_port ({metrics}) must be a free port in "
+                    "[1024, 65535], not the router's or a server's")
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
             raise ValueError(
                 f"SGLangLaunchConfig.mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
@@ -83,6 +99,13 @@ class SGLangLaunchConfig:
     @property
     def num_servers(self) -> int:
         return len(self.gpu_ids) // self.tp_size
+
+    @property
+    def metrics_port(self) -> int:
+        """The router's Prometheus port (``router_metrics_port`` or ``router_port + 1``)."""
+        if self.router_metrics_port is not None:
+            return self.router_metrics_port
+        return (self.router_port or 0) + 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +139,13 @@ def server_urls(cfg: SGLangLaunchConfig) -> tuple[str, ...]:
     return tuple(f"http://{_client_host(cfg.host)}:{cfg.base_port + i}" for i in range(cfg.num_servers))
 
 
+def router_url(cfg: SGLangLaunchConfig) -> str | None:
+    """The router's base URL, for ``SGLangFleetConfig.router_url`` (None without a router)."""
+    if cfg.router_port is None:
+        return None
+    return f"http://{_client_host(cfg.host)}:{cfg.router_port}"
+
+
 def server_commands(cfg: SGLangLaunchConfig) -> list[LaunchCommand]:
     """One ``sglang.launch_server`` command per server."""
     cmds = []
@@ -140,7 +170,10 @@ def router_command(cfg: SGLangLaunchConfig) -> LaunchCommand | None:
     if cfg.router_port is None:
         return None
     argv = [cfg.python, "-m", "sglang_router.launch_router", "--worker-urls", *server_urls(cfg),
-            "--host", cfg.host, "--port", str(cfg.router_port)]
+            "--host", cfg.host, "--port", str(cfg.router_port),
+            "--prometheus-host", cfg.host, "--prometheus-port", str(cfg.metrics_port)]
+    if cfg.api_key:  # the router checks it and passes it on to the workers it was started with
+        argv += ["--api-key", cfg.api_key]
     return LaunchCommand(env={}, argv=tuple(argv))
 
 
@@ -161,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     cmds = all_commands(cfg)
     for c in cmds:
         print(c.shell())
-    print("# fleet client: SGLangFleetConfig(server_urls=" + repr(server_urls(cfg)) + ", ...)")
+    router = f", router_url={router_url(cfg)!r}" if cfg.router_port is not None else ""
+    print(f"# fleet client: SGLangFleetConfig(server_urls={server_urls(cfg)!r}{router}, ...)")
     if not run:
         return 0
     procs = [subprocess.Popen(list(c.argv), env={**os.environ, **c.env}) for c in cmds]

@@ -95,6 +95,11 @@ class ServerPool:
                 self._set_unhealthy(server)
             server.next_probe = time.monotonic() + self._reprobe_interval_s
 
+    def poll(self) -> None:
+        """Start the background re-probes that are due (`acquire` does this too)."""
+        with self.cond:
+            self._start_due_probes()
+
     def count(self, key: str, n: int = 1) -> None:
         with self.cond:
             self.counters[key] += n

@@ -6,8 +6,19 @@ triples, ``finish_reason`` dicts (``stop``+``matched``, ``length``+``length``,
 ``abort``+``message``), ``meta_info.completion_tokens``, a *string* ``weight_version``
 (``"default"`` at start), ``output_ids``. Routes: ``POST /generate``,
 ``POST /update_weights_from_disk``, ``POST /pause_generation``,
-``POST /continue_generation``, ``POST /abort_request``, ``GET /health_generate``,
-``GET /get_model_info``.
+``POST /continue_generation``, ``POST /abort_request``, ``GET /health``,
+``GET /health_generate``, ``GET /get_model_info`` (alias ``/model_info``) and
+``GET /get_server_info`` (alias ``/server_info``). ``sglang-router`` 0.3.2 registers a
+worker only after ``GET /health`` answers 200, then reads ``/server_info`` and
+``/model_info`` (falling back to the ``get_`` names on 404). As in SGLang, ``/health*`` and
+``/metrics`` need no API key.
+
+Weights, pause and abort behave as SGLang's do for the fleet client: a ``/generate``
+request reads the loaded weights and ``weight_version`` once, atomically, so every token of
+one reply comes from the weights the reply names; ``/pause_generation`` holds new requests
+until ``/continue_generation``, and with ``mode="abort"`` (the default) ends requests in
+flight at their next token with ``finish_reason`` abort. ``token_delay_s`` makes each
+token take that long, so requests are in flight when a test pauses, updates or kills.
 
 The "model" is a fixed categorical distribution per (last token, weights): logits drawn
 from ``numpy.random.default_rng([weights_seed, last_token])``, tempered, log-softmaxed
@@ -22,8 +33,11 @@ Faults are queued per server (`FakeSGLangServer.faults`, one consumed per ``/gen
 without replying), ``"malformed_json"``, ``"null_logprob"`` (a NaN log-prob as SGLang's
 orjson writes it: ``null``), ``"nan_logprob"`` (a JSON ``NaN``), ``"short_logprobs"`` (two
 log-probs fewer than tokens, ``output_ids`` complete), ``"short_no_ids"`` (the same without
-``output_ids``), ``"abort"`` (stop after half the budget with ``finish_reason`` abort) and
-``"die"`` (the server stops listening; this and every later request is dropped).
+``output_ids``), ``"abort"`` (stop after half the budget with ``finish_reason`` abort),
+``"stall"`` (after half the budget, wait for a ``/pause_generation`` with mode ``abort``,
+which ends it as an abort; `FakeSGLangServer.stalled` is set while it waits) and
+``"die"`` (`FakeSGLangServer.kill`: this request, those in flight and every later one are
+dropped without a reply, and the port stops listening).
 """
 
 from __future__ import annotations
@@ -33,12 +47,17 @@ import hashlib
 import http.server
 import json
 import os
+import socket
 import threading
 import time
 
 import numpy as np
 
 VOCAB = 11
+
+
+class _Killed(Exception):
+    """The fake server was killed while a request was in flight."""
 
 
 def toy_logprobs(last_token: int, weights_seed: int, temperature: float) -> np.ndarray:
@@ -61,10 +80,13 @@ def dir_seed(path: str) -> int:
 class FakeSGLangServer:
     """One fake server on ``127.0.0.1`` (random free port), served from a daemon thread."""
 
-    def __init__(self, api_key: str | None = None, hang_s: float = 2.0, port: int = 0):
+    def __init__(self, api_key: str | None = None, hang_s: float = 2.0, port: int = 0,
+                 token_delay_s: float = 0.0, pause_wait_s: float = 10.0):
         self.api_key = api_key
         self.on_abort = None  # optional callable run after an "abort" reply is built
         self.hang_s = hang_s
+        self.token_delay_s = token_delay_s
+        self.pause_wait_s = pause_wait_s  # longest a request waits for /continue_generation
         self.faults: collections.deque[str | None] = collections.deque()
         self.weights_seed = 0
         self.weight_version = "default"
@@ -72,9 +94,14 @@ class FakeSGLangServer:
         self.paused = False
         self.dead = False
         self.lock = threading.Lock()
+        self.state = threading.Condition()  # guards weights, version, pause, abort epoch
+        self._abort_epoch = 0
+        self.stalled = threading.Event()  # a "stall" request is waiting for a pause
         self.calls: list[tuple[str, dict]] = []  # (route, body) of control calls
-        self.replies: list[tuple[str, str]] = []  # (rid, "ok" | fault) of /generate
+        self.replies: list[tuple[str, str]] = []  # (rid, "ok" | fault | "killed") of /generate
+        self.generate_bodies: list[dict] = []  # every /generate body, as received
         self.auth_headers: list[str | None] = []
+        self._connections: set[socket.socket] = set()  # open client connections (keep-alive)
         fake = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -82,6 +109,19 @@ class FakeSGLangServer:
 
             def log_message(self, *args):  # keep test output quiet
                 pass
+
+            def setup(self):
+                super().setup()
+                with fake.lock:
+                    fake._connections.add(self.connection)
+
+            def finish(self):
+                with fake.lock:
+                    fake._connections.discard(self.connection)
+                try:
+                    super().finish()
+                except OSError:  # killed: the socket is already shut down
+                    pass
 
             def do_GET(self):
                 fake._handle(self, "GET")
@@ -119,7 +159,8 @@ class FakeSGLangServer:
         raw = req.rfile.read(length) if length else b""
         with self.lock:
             self.auth_headers.append(req.headers.get("Authorization"))
-        if self.api_key is not None and req.headers.get("Authorization") != f"Bearer {self.api_key}":
+        if (self.api_key is not None and not req.path.startswith(("/health", "/metrics"))
+                and req.headers.get("Authorization") != f"Bearer {self.api_key}"):
             return self._send(req, 401, {"error": "unauthorized"})
         body = json.loads(raw) if raw else {}
         route = (method, req.path)
@@ -127,18 +168,27 @@ class FakeSGLangServer:
             return self._generate(req, body)
         with self.lock:
             self.calls.append((req.path, body))
-        if route == ("GET", "/health_generate"):
+        if route in (("GET", "/health_generate"), ("GET", "/health")):
             return self._send(req, 200, None)
-        if route == ("GET", "/get_model_info"):
+        if route in (("GET", "/get_model_info"), ("GET", "/model_info")):
             return self._send(req, 200, {
                 "model_path": self.model_path, "tokenizer_path": self.model_path,
                 "is_generation": True, "preferred_sampling_params": None,
                 "weight_version": self.weight_version})
+        if route in (("GET", "/get_server_info"), ("GET", "/server_info")):
+            return self._send(req, 200, {"model_path": self.model_path, "tp_size": 1, "dp_size": 1,
+                                         "weight_version": self.weight_version, "version": "fake"})
         if route == ("POST", "/pause_generation"):
-            self.paused = True
+            with self.state:
+                self.paused = True
+                if body.get("mode", "abort") == "abort":
+                    self._abort_epoch += 1
+                    self.state.notify_all()
             return self._send(req, 200, {"message": "Generation paused successfully.", "status": "ok"})
         if route == ("POST", "/continue_generation"):
-            self.paused = False
+            with self.state:
+                self.paused = False
+                self.state.notify_all()
             return self._send(req, 200, {"message": "Generation continued successfully.", "status": "ok"})
         if route == ("POST", "/abort_request"):
             return self._send(req, 200, None)
@@ -147,14 +197,17 @@ class FakeSGLangServer:
             if not isinstance(path, str) or not os.path.isdir(path):
                 return self._send(req, 400, {"success": False, "message": f"bad model_path {path!r}",
                                              "num_paused_requests": 0})
-            self.weights_seed, self.model_path = dir_seed(path), path
-            if body.get("weight_version") is not None:
-                self.weight_version = body["weight_version"]
+            seed = dir_seed(path)
+            with self.state:
+                self.weights_seed, self.model_path = seed, path
+                if body.get("weight_version") is not None:
+                    self.weight_version = body["weight_version"]
             return self._send(req, 200, {"success": True, "message": "Succeeded to update model weights.",
                                          "num_paused_requests": 0})
         return self._send(req, 404, {"detail": "Not Found"})
 
-    def _send(self, req, status: int, obj, raw: bytes | None = None) -> None:
+    def _send(self, req, status: int, obj, raw: bytes | None = None) -> bool:
+        """Write one reply; False when the connection is gone (client left, server killed)."""
         data = raw if raw is not None else (b"" if obj is None else json.dumps(obj).encode())
         try:
             req.send_response(status)
@@ -162,8 +215,10 @@ class FakeSGLangServer:
             req.send_header("Content-Length", str(len(data)))
             req.end_headers()
             req.wfile.write(data)
-        except OSError:  # client gone (after a hang)
-            pass
+            req.wfile.flush()
+            return True
+        except OSError:
+            return False
 
     # ------------------------------------------------------------------ /generate
     def _generate(self, req, body: dict) -> None:
@@ -172,9 +227,10 @@ class FakeSGLangServer:
         rid = str(body.get("rid"))
         with self.lock:
             self.replies.append((rid, fault or "ok"))
+            index = len(self.replies) - 1
+            self.generate_bodies.append(body)
         if fault == "die":
-            self.dead = True
-            threading.Thread(target=self.stop, daemon=True).start()
+            self.kill()
             req.close_connection = True
             return
         if fault == "drop":
@@ -186,7 +242,13 @@ class FakeSGLangServer:
             return self._send(req, 200, None, raw=b'{"text": "", "meta_info": {"finish_reason": ')
         if fault == "hang":
             time.sleep(self.hang_s)
-        reply = self.sample(body, abort=fault == "abort")
+        try:
+            reply = self.sample(body, abort=fault == "abort", stall=fault == "stall")
+        except _Killed:  # the server died while this request was in flight: no reply
+            with self.lock:
+                self.replies[index] = (rid, "killed")
+            req.close_connection = True
+            return
         if fault == "abort" and self.on_abort is not None:
             self.on_abort()
         triples = reply["meta_info"]["output_token_logprobs"]
@@ -196,10 +258,33 @@ class FakeSGLangServer:
             del triples[-2:]
             if fault == "short_no_ids":
                 del reply["output_ids"]
-        self._send(req, 200, reply)
+        if not self._send(req, 200, reply):  # killed before the reply left
+            with self.lock:
+                self.replies[index] = (rid, "killed")
 
-    def sample(self, body: dict, abort: bool = False) -> dict:
+    def kill(self) -> None:
+        """Die as a killed process does: every open connection (kept-alive ones included) is
+        closed, requests in flight end without a reply, and the port stops listening."""
+        self.dead = True
+        with self.lock:
+            connections = list(self._connections)
+        for conn in connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        threading.Thread(target=self.stop, daemon=True).start()
+
+    def restart(self) -> None:
+        """Forget the loaded weights, as a restarted server does (startup weights, ``"default"``)."""
+        with self.state:
+            self.weights_seed, self.weight_version, self.model_path = 0, "default", "/fake/initial"
+
+    def sample(self, body: dict, abort: bool = False, stall: bool = False) -> dict:
         """The toy model's reply to a ``/generate`` body (SGLang JSON shape)."""
+        with self.state:  # wait out a pause, then read weights and version together
+            self.state.wait_for(lambda: not self.paused, timeout=self.pause_wait_s)
+            weights_seed, weight_version, epoch = self.weights_seed, self.weight_version, self._abort_epoch
         sp = body["sampling_params"]
         ids = list(body["input_ids"])
         temperature, budget = float(sp["temperature"]), int(sp["max_new_tokens"])
@@ -210,7 +295,19 @@ class FakeSGLangServer:
         out, triples, tops = [], [], []
         finish = {"type": "length", "length": budget}
         while len(out) < limit:
-            lp = toy_logprobs(ids[-1], self.weights_seed, temperature)
+            if stall and len(out) == max(1, budget // 2):
+                with self.state:
+                    self.stalled.set()
+                    self.state.wait_for(lambda: self._abort_epoch != epoch, timeout=self.pause_wait_s)
+                    self.stalled.clear()
+            if self.token_delay_s:
+                time.sleep(self.token_delay_s)
+            if self.dead:
+                raise _Killed
+            if self._abort_epoch != epoch:  # paused with mode "abort": end here
+                finish = {"type": "abort", "message": "Abort due to pause_generation", "status_code": 503}
+                break
+            lp = toy_logprobs(ids[-1], weights_seed, temperature)
             pos = len(ids)
             tok = int(np.random.default_rng([seed, pos]).choice(VOCAB, p=np.exp(lp) / np.exp(lp).sum()))
             ids.append(tok)
@@ -225,7 +322,7 @@ class FakeSGLangServer:
             finish = {"type": "abort", "message": "Abort in waiting queue", "status_code": 503}
         meta = {
             "id": body.get("rid"), "finish_reason": finish, "prompt_tokens": len(body["input_ids"]),
-            "weight_version": self.weight_version, "completion_tokens": len(out), "cached_tokens": 0,
+            "weight_version": weight_version, "completion_tokens": len(out), "cached_tokens": 0,
             "output_token_logprobs": triples,
         }
         if k:

@@ -2,7 +2,9 @@
 async mode and configuration errors."""
 
 import dataclasses
+import importlib.util
 import json
+import math
 import shutil
 
 import jax
@@ -16,6 +18,8 @@ from entr_jax.staleness import StalenessConfig
 from experiments import run as cli
 from experiments.configs import QUICKSTART
 from experiments.loop import Job, RunExistsError
+from learners.logging import LoggingConfig
+from tests.wandb_history import offline_env, read_run
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +64,15 @@ def metrics(run_dir):
 
 @pytest.fixture(scope="module")
 def reference(small_model_dir, tmp_path_factory):
-    """One uninterrupted simulated run (inter lag 1), shared by several tests."""
+    """One uninterrupted simulated run (inter lag 1), shared by several tests; it also logs to
+    Weights & Biases, offline, when wandb is installed (``logging.wandb``)."""
     run_dir = tmp_path_factory.mktemp("reference")
-    job, summary = run(small_config(small_model_dir, run_dir))
+    changes = {}
+    with pytest.MonkeyPatch.context() as mp:
+        if importlib.util.find_spec("wandb") is not None:
+            offline_env(mp, tmp_path_factory.mktemp("wandb_env"))
+            changes["logging"] = LoggingConfig(wandb=True, wandb_mode="offline")
+        job, summary = run(small_config(small_model_dir, run_dir, **changes))
     return run_dir, job, summary
 
 
@@ -88,6 +98,34 @@ def test_run_directory_and_summary(reference):
         assert key in rows[-1], key
     z = np.load(run_dir / "token_samples" / "step_2.npz")
     assert z["logp_pi"].shape == z["entropy_mu"].shape == z["loss_mask"].shape
+
+
+def test_wandb_run_has_the_metrics_of_metrics_jsonl(reference):
+    """With ``logging.wandb``, W&B gets every metric of ``metrics.jsonl`` under the same name,
+    with the same value, at the same step (``version``: the batch's policy version;
+    ``train/version``: the learner's after the step), plus the timing keys, as TensorBoard
+    does; ``wandb.json`` says where the offline run is."""
+    pytest.importorskip("wandb")
+    run_dir, _, _ = reference
+    record = json.loads((run_dir / "wandb.json").read_text())
+    assert record["mode"] == "offline" and record["url"] is None and record["name"] == "quickstart"
+    rows, config = read_run(record["path"])
+    assert config["objective"]["name"] == "entr" and config["rl_steps"] == 4
+    jsonl = metrics(run_dir)
+    assert sorted(rows) == [r["step"] for r in jsonl] == [0, 1, 2, 3]
+    for r in jsonl:
+        row = rows[r["step"]]
+        assert (row["version"], row["train/version"]) == (r["version"], r["version"] + 1)
+        numeric = {k: v for k, v in r.items() if k != "step"
+                   and (isinstance(v, (int, float)) or v in ("nan", "inf", "-inf"))}
+        assert len(numeric) > 20
+        for key, value in numeric.items():
+            assert key in row, key
+            if isinstance(value, str):
+                assert math.isnan(float(row[key])) if value == "nan" else row[key] == float(value)
+            else:
+                assert row[key] == value, key
+        assert any(k.startswith("time/") for k in row)  # timing.jsonl's keys too, as in TB
 
 
 def test_same_seed_same_metrics_other_seed_differs(reference, small_model_dir, tmp_path):

@@ -15,7 +15,7 @@ from entr_jax.interfaces import Sampler, SamplingParams
 from samplers.sglang_config import SGLangFleetConfig
 from samplers.sglang_entropy import topk_entropy_bounds
 from samplers.sglang_fleet import SGLangFleet
-from samplers.sglang_launch import SGLangLaunchConfig, all_commands, server_urls
+from samplers.sglang_launch import SGLangLaunchConfig, all_commands, router_url, server_urls
 from samplers.sglang_protocol import build_generate_payload, parse_weight_version
 from tests.sglang_fake_server import VOCAB, FakeSGLangServer, toy_logprobs
 
@@ -121,6 +121,36 @@ def test_entropy_bounds_missing_rows():
 def test_config_validation_names_field(kw, field):
     with pytest.raises(ValueError, match=field):
         SGLangFleetConfig(**kw)
+
+
+def test_router_url_validation():
+    with pytest.raises(ValueError, match="router_url"):
+        SGLangFleetConfig(server_urls=("http://127.0.0.1:1",), router_url="127.0.0.1:2")
+    with pytest.raises(ValueError, match="router_url"):  # the router is not a worker
+        SGLangFleetConfig(server_urls=("http://127.0.0.1:1",), router_url="http://127.0.0.1:1/")
+    cfg = SGLangFleetConfig(server_urls=("http://127.0.0.1:1",), router_url="http://127.0.0.1:2/")
+    assert cfg.router_url == "http://127.0.0.1:2"
+
+
+def test_unreachable_router_is_named(servers):
+    fakes = servers(1)
+    port = fakes[0].url.rsplit(":", 1)[1]
+    fakes[0].stop()  # a closed port stands in for a router that is not running
+    with SGLangFleet(_cfg(fakes, server_urls=("http://127.0.0.1:1",),
+                          router_url=f"http://127.0.0.1:{port}")) as fleet:
+        with pytest.raises(RuntimeError, match="SGLangFleetConfig.router_url"):
+            fleet.generate([[1]], PARAMS)
+
+
+def test_run_config_router_url():
+    from experiments.config import SamplerSpec
+
+    spec = SamplerSpec(kind="sglang", server_urls=("http://127.0.0.1:1",),
+                       router_url="http://127.0.0.1:2")
+    assert spec.router_url == "http://127.0.0.1:2"
+    for kw in (dict(router_url="127.0.0.1:2"), dict(kind="jax", router_url="http://127.0.0.1:2")):
+        with pytest.raises(ValueError, match="sampler.router_url"):
+            SamplerSpec(**{"kind": "sglang", "server_urls": ("http://127.0.0.1:1",), **kw})
 
 
 def test_payload_is_explicit():
@@ -309,6 +339,29 @@ def test_dead_server_catches_up_when_it_returns(servers, tmp_path):
             reborn.stop()
 
 
+def test_restarted_server_is_taken_out_and_caught_up(servers, tmp_path):
+    """A server that restarts between pushes (startup weights) answers with version 0 after
+    version 3 was pushed everywhere: its reply is kept with its true version, the server
+    leaves the rotation at once and rejoins with version 3 loaded."""
+    fakes = servers(2)
+    (tmp_path / "w").mkdir()
+    _export([2.0], str(tmp_path / "w"))
+    with SGLangFleet(_cfg(fakes, max_concurrency=1)) as fleet:
+        fleet.update_weights_from_path(str(tmp_path / "w"), 3)
+        fakes[0].restart()
+        gens = [g for row in fleet.generate(PROMPTS, PARAMS, num_samples=2) for g in row]
+        m = fleet.metrics()
+        # one unit at a time, least outstanding picks fakes[0] while it is in rotation
+        assert [int(g.token_version[0]) for g in gens] == [0, 3, 3, 3, 3, 3]
+        assert m["sglang/stale_replies"] == 1 and m["sglang/servers_marked_unhealthy"] == 1
+        deadline = time.monotonic() + 5.0
+        while not fleet.metrics()["sglang/servers_recovered"] and time.monotonic() < deadline:
+            fleet.generate([[1]], SamplingParams(max_new_tokens=1))
+            time.sleep(0.02)
+        assert fleet.metrics()["sglang/servers_recovered"] == 1
+        assert fakes[0].weight_version == "3" and fakes[0].weights_seed == fakes[1].weights_seed != 0
+
+
 def test_weight_update_fails_everywhere_raises(servers, tmp_path):
     fakes = servers(1)
     with SGLangFleet(_cfg(fakes)) as fleet:
@@ -351,7 +404,11 @@ def test_launch_commands():
         "--port", "31001", "--tp-size", "2", "--api-key", "k"]
     assert list(cmds[2].argv) == [
         "python", "-m", "sglang_router.launch_router", "--worker-urls", "http://127.0.0.1:31000",
-        "http://127.0.0.1:31001", "--host", "127.0.0.1", "--port", "32000"]
+        "http://127.0.0.1:31001", "--host", "127.0.0.1", "--port", "32000",
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", "32001", "--api-key", "k"]
+    assert router_url(cfg) == "http://127.0.0.1:32000"
+    with pytest.raises(ValueError, match="router_metrics_port"):  # a server's port
+        SGLangLaunchConfig(model_path="/m", base_port=31000, gpu_ids=(0, 1), router_port=30999)
     assert cmds[0].shell().startswith("CUDA_VISIBLE_DEVICES=0,1 python -m sglang.launch_server")
     assert server_urls(cfg) == ("http://127.0.0.1:31000", "http://127.0.0.1:31001")
     with pytest.raises(ValueError, match="api_key"):
