@@ -24,6 +24,8 @@ orjson writes it: ``null``), ``"nan_logprob"`` (a JSON ``NaN``), ``"short_logpro
 log-probs fewer than tokens, ``output_ids`` complete), ``"short_no_ids"`` (the same without
 ``output_ids``), ``"abort"`` (stop after half the budget with ``finish_reason`` abort) and
 ``"die"`` (the server stops listening; this and every later request is dropped).
+With ``engine_entropy = True`` replies also carry ``meta_info["output_token_entropy"]``
+(the exact entropy per token), as a server patched to report it would.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class FakeSGLangServer:
         self.api_key = api_key
         self.on_abort = None  # optional callable run after an "abort" reply is built
         self.hang_s = hang_s
+        self.engine_entropy = False  # True: also report meta_info["output_token_entropy"]
         self.faults: collections.deque[str | None] = collections.deque()
         self.weights_seed = 0
         self.weight_version = "default"
@@ -207,7 +210,7 @@ class FakeSGLangServer:
         seed = int(sp.get("sampling_seed", 0))
         k = int(body.get("top_logprobs_num") or 0)
         limit = max(1, budget // 2) if abort else budget
-        out, triples, tops = [], [], []
+        out, triples, tops, entropies = [], [], [], []
         finish = {"type": "length", "length": budget}
         while len(out) < limit:
             lp = toy_logprobs(ids[-1], self.weights_seed, temperature)
@@ -216,6 +219,7 @@ class FakeSGLangServer:
             ids.append(tok)
             out.append(tok)
             triples.append([float(lp[tok]), tok, None])
+            entropies.append(float(-(np.exp(lp) * lp).sum()))
             order = np.argsort(-lp, kind="stable")[:k]
             tops.append([[float(lp[j]), int(j), None] for j in order])
             if tok in stops:
@@ -230,4 +234,6 @@ class FakeSGLangServer:
         }
         if k:
             meta["output_top_logprobs"] = tops
+        if self.engine_entropy:  # what a server patched to report the entropy would send
+            meta["output_token_entropy"] = entropies
         return {"text": "", "output_ids": out, "meta_info": meta}
