@@ -399,6 +399,14 @@ def test_filtered_chunked_matches_numpy_and_gradient_is_kept_softmax(data, top_k
     expected = np.where(y_kept[..., None], (onehot - mu) / temperature, 0.0)
     np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-5)
     assert np.all(np.asarray(grad)[~keep] == 0.0)
+    # the chunked, rematerialised path has the same gradient in the unembedding
+    adv = jnp.asarray(np.random.default_rng(0).normal(size=(B, T)), jnp.float32)
+    g_chunked = jax.grad(lambda w_: jnp.sum(adv * chunked_logprobs_entropy(
+        hidden, targets, lambda h: h @ w_, chunk_size=3, **kw)[0]))(w)
+    g_naive = jax.grad(lambda w_: jnp.sum(adv * naive_logprobs_entropy(
+        jnp.einsum("btd,dv->btv", hidden, w_), targets, **kw)[0]))(w)
+    assert np.all(np.isfinite(np.asarray(g_chunked)))
+    np.testing.assert_allclose(g_chunked, g_naive, rtol=1e-4, atol=1e-5)
 
 
 def test_filter_off_is_the_unfiltered_path(data):
