@@ -161,8 +161,10 @@ def rollout_metrics(batch: RolloutBatch, version: int) -> dict[str, Any]:
     values in simulated mode), ``staleness/unrealised_switches`` (sum over trajectories of
     ``generation_version - v_last``: switches a trajectory ended before) and
     ``staleness/all_switches_frac`` (trajectories that realised every switch); and the
-    entropy provenance ``sampler/entropy_estimated_tokens`` and
-    ``sampler/entropy_estimated_frac`` (over policy tokens; 0 = every ``entropy_mu`` exact).
+    entropy provenance ``sampler/entropy_estimated_tokens`` (generated tokens whose
+    ``entropy_mu`` is a top-k estimate, counting any later cut by ``max_total_tokens``) and
+    ``sampler/entropy_estimated_frac`` (that count over the policy tokens, at most 1; 0 =
+    every ``entropy_mu`` exact).
     """
     trajs = batch.trajectories
     rewards = np.array([t.reward for t in trajs], np.float64)
@@ -199,8 +201,8 @@ def rollout_metrics(batch: RolloutBatch, version: int) -> dict[str, Any]:
         "staleness/all_switches_frac": float(np.mean(unrealised[has_tokens] == 0))
         if has_tokens.any() else 1.0,
         "sampler/entropy_estimated_tokens": int(batch.entropy_estimated_tokens),
-        "sampler/entropy_estimated_frac": float(batch.entropy_estimated_tokens
-                                                / max(int(lengths.sum()), 1)),
+        "sampler/entropy_estimated_frac": min(1.0, float(batch.entropy_estimated_tokens
+                                                         / max(int(lengths.sum()), 1))),
     }
 
 
