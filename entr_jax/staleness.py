@@ -29,14 +29,15 @@ Simulated mode (``../shared/docs/design.md``, "Data flow"):
 What is guaranteed per trajectory (measured from its policy tokens' versions, consumed
 at step ``n``, with ``k = min(n, k_n)`` and ``D = D_n``):
 
-* a switch at step ``s`` is *realised* by a trajectory iff its first turn has more than
-  ``s`` tokens (token ``s`` exists). With ``u`` unrealised switches, ``v_first = g - D``
-  and ``v_last = g - u``, so **inter = k + u and intra = D - u**;
+* its first token is made by ``v_first = g - D``; its last by ``v_last = g - u``, where
+  ``u`` (its *unrealised* switches) is the number of switch steps its first turn did not
+  reach (``s >= `` the first turn's length), or 0 when later turns of a multi-turn
+  episode ran (they use ``g``). So **inter = k + u and intra = D - u**;
 * hence **inter + intra = k + D exactly for every trajectory** (the age of its first
   token), and inter = k, intra = D exactly for every trajectory that realises all
-  switches, i.e. whose first turn is longer than ``s_D``; that holds for every first
-  turn of at least ``switch_window`` tokens. A trajectory that stops early is *more*
-  inter-stale and *less* intra-stale than configured, never more in total.
+  switches, e.g. any whose first turn is longer than ``s_D``, which holds for every
+  first turn of at least ``switch_window`` tokens. A trajectory that stops early is
+  *more* inter-stale and *less* intra-stale than configured, never more in total.
 
 So ``inter_lag`` configures the lag of the batch's newest weights, and equals the
 measured inter staleness only for trajectories that realise all switches. When every
