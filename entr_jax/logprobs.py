@@ -21,6 +21,19 @@ Formulas (natural log, nats), with ``z = logits / temperature`` and ``m = max_w 
 The second form of ``H_t`` works on shifted logits, so large logits do not cancel
 catastrophically, and ``-inf`` logits (masked vocabulary entries, probability 0)
 contribute ``0 * 0`` instead of ``0 * -inf = nan``. It is clamped at 0 against rounding.
+
+Sampling filters. With ``top_k``/``top_p``/``min_p`` set (as the sampler was), ``z`` is
+first replaced by `entr_jax.sampling_filter.filter_logits` of it, the same transform the
+embedded sampler samples from, so ``logp`` and ``H`` describe the filtered, renormalised
+distribution and on-policy ``logp_pi == logp_mu``. The keep set is computed from
+``stop_gradient(z)``; gradient flows through the kept entries' tempered logits only. A
+target outside the kept set has probability 0 under the filtered policy; its ``logp`` is
+returned as the finite stand-in `LOGP_OUTSIDE_KEPT` (``-1e4``) with zero gradient, so no
+``-inf`` reaches the objectives' arithmetic: every ratio there is ``exp(clip(logp_pi -
+logp_mu, -20, 20))``, which for such a token is ``exp(-20) ~ 2.1e-9`` (for any
+``logp_mu > -9980``), with no gradient through the saturated clip. Without filters the
+code path is the unfiltered one (no sort). The filtered path sorts ``[B, C, V]`` once per
+chunk.
 """
 
 from __future__ import annotations
@@ -30,13 +43,20 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from entr_jax.sampling_filter import check_filter, filter_active, keep_mask
+
 Array = jax.Array
 
 __all__ = [
+    "LOGP_OUTSIDE_KEPT",
     "chunked_logprobs_entropy",
+    "logprobs_entropy_from_logits",
     "naive_logprobs_entropy",
     "token_logprobs_entropy",
 ]
+
+LOGP_OUTSIDE_KEPT = -1.0e4
+"""``logp`` reported for a target outside the filter's kept set (true value ``-inf``)."""
 
 
 def _check_temperature(temperature: Any) -> None:
@@ -44,15 +64,19 @@ def _check_temperature(temperature: Any) -> None:
         raise ValueError(f"temperature must be > 0, got {temperature}")
 
 
-def _logprobs_entropy_from_logits(logits: Array, targets: Array) -> tuple[Array, Array]:
+def logprobs_entropy_from_logits(logits: Array, targets: Array) -> tuple[Array, Array]:
     """Log-prob of ``targets`` and detached entropy from (temperature-scaled) logits.
 
+    Used by the learner and, for ``logp_mu``/``entropy_mu``, by the embedded sampler.
+
     Args:
-      logits: ``[..., V]`` f32, already divided by the temperature.
+      logits: ``[..., V]`` f32, already divided by the temperature; ``-inf`` entries have
+        probability 0 (at least one entry per row must be finite).
       targets: ``[...]`` integer token ids in ``[0, V)``.
 
     Returns:
-      ``(logp [...] f32, entropy [...] f32)``; the entropy carries no gradient.
+      ``(logp [...] f32, entropy [...] f32)`` in nats (formulas in the module docstring);
+      ``logp`` is ``-inf`` for a ``-inf`` target; the entropy carries no gradient.
     """
     # Shift by the (detached) row max: log-softmax is invariant to it, and the shifted
     # values keep the precision that ``z_y - logsumexp(z)`` loses for |z| >> 1.
@@ -72,8 +96,27 @@ def _logprobs_entropy_from_logits(logits: Array, targets: Array) -> tuple[Array,
     return logp, entropy
 
 
+def _filtered_logprobs_entropy(
+    z: Array, targets: Array, top_k: int, top_p: float, min_p: float
+) -> tuple[Array, Array]:
+    """`logprobs_entropy_from_logits` of the filtered distribution (module docstring);
+    the unfiltered call when no filter is on (no sort)."""
+    if not filter_active(top_k, top_p, min_p):
+        return logprobs_entropy_from_logits(z, targets)
+    keep = keep_mask(z, top_k, top_p, min_p)
+    logp, entropy = logprobs_entropy_from_logits(jnp.where(keep, z, -jnp.inf), targets)
+    target_kept = jnp.take_along_axis(keep, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return jnp.where(target_kept, logp, LOGP_OUTSIDE_KEPT), entropy
+
+
 def naive_logprobs_entropy(
-    logits: Array, targets: Array, *, temperature: float = 1.0
+    logits: Array,
+    targets: Array,
+    *,
+    temperature: float = 1.0,
+    top_k: int = -1,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
 ) -> tuple[Array, Array]:
     """Reference log-prob and entropy from fully materialised logits.
 
@@ -82,13 +125,17 @@ def naive_logprobs_entropy(
         next-token distribution that produced ``targets[b, t]``.
       targets: ``[B, T]`` integer token ids in ``[0, V)``.
       temperature: positive scalar; the distribution is ``softmax(logits / temperature)``.
+      top_k, top_p, min_p: sampling filters (Python values; -1 / 1 / 0 = off), applied to
+        the tempered logits as in `entr_jax.sampling_filter`.
 
     Returns:
       ``(logp [B, T] f32, entropy [B, T] f32)`` in nats. ``logp`` is differentiable in
-      ``logits``; ``entropy`` is detached (``stop_gradient``).
+      ``logits`` (kept entries only); ``entropy`` is detached (``stop_gradient``); a target
+      outside the kept set gets ``logp = LOGP_OUTSIDE_KEPT``.
 
     Raises:
-      ValueError: if the shapes disagree or ``temperature <= 0``.
+      ValueError: if the shapes disagree, ``temperature <= 0`` or a filter value is out
+        of range.
     """
     if logits.ndim != 3:
         raise ValueError(f"logits must be [B, T, V], got shape {logits.shape}")
@@ -97,8 +144,9 @@ def naive_logprobs_entropy(
             f"targets shape {targets.shape} does not match logits [B, T] = {logits.shape[:2]}"
         )
     _check_temperature(temperature)
+    check_filter(top_k, top_p, min_p)
     z = logits.astype(jnp.float32) / jnp.asarray(temperature, jnp.float32)
-    return _logprobs_entropy_from_logits(z, targets)
+    return _filtered_logprobs_entropy(z, targets, top_k, top_p, min_p)
 
 
 def chunked_logprobs_entropy(
@@ -108,6 +156,9 @@ def chunked_logprobs_entropy(
     *,
     chunk_size: int = 128,
     temperature: float = 1.0,
+    top_k: int = -1,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
 ) -> tuple[Array, Array]:
     """Log-prob of each target token and full-vocabulary entropy, chunked over T.
 
@@ -127,17 +178,22 @@ def chunked_logprobs_entropy(
         chunk is padded internally and the padding is sliced off. Peak memory of the
         logits is about ``4 * B * min(chunk_size, T) * V`` bytes (x ~3 in the backward).
       temperature: positive scalar; the distribution is ``softmax(logits / temperature)``.
+      top_k, top_p, min_p: sampling filters (Python values, static; -1 / 1 / 0 = off):
+        the distribution becomes the filtered, renormalised one the sampler drew from
+        (`entr_jax.sampling_filter`); the filtered path sorts each chunk's logits.
 
     Returns:
       ``(logp [B, T] f32, entropy [B, T] f32)`` in nats: ``logp[b, t] = log
-      softmax(unembed(hidden[b, t]) / temperature)[targets[b, t]]``, differentiable in
-      ``hidden`` and in whatever ``unembed`` closes over; ``entropy[b, t]`` is the
-      Shannon entropy of the same distribution, detached (ENTR/ESTR arXiv 2607.22186,
-      Sec. 3.3: log-sum-exp minus the expectation of the logits).
+      mu(targets[b, t])`` with ``mu = softmax(filter(unembed(hidden[b, t]) /
+      temperature))`` (no filter: the tempered softmax), differentiable in ``hidden`` and
+      in whatever ``unembed`` closes over; ``LOGP_OUTSIDE_KEPT`` (no gradient) where the
+      target is outside the kept set; ``entropy[b, t]`` is the Shannon entropy of the same
+      distribution, detached (ENTR/ESTR arXiv 2607.22186, Sec. 3.3: log-sum-exp minus the
+      expectation of the logits).
 
     Raises:
       ValueError: if ``hidden`` is not rank 3, ``targets`` is not ``[B, T]``,
-        ``chunk_size < 1`` or ``temperature <= 0``.
+        ``chunk_size < 1``, ``temperature <= 0`` or a filter value is out of range.
     """
     if hidden.ndim != 3:
         raise ValueError(f"hidden must be [B, T, D], got shape {hidden.shape}")
@@ -149,6 +205,7 @@ def chunked_logprobs_entropy(
     if not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     _check_temperature(temperature)
+    check_filter(top_k, top_p, min_p)
     if seq == 0:
         empty = jnp.zeros((batch, 0), jnp.float32)
         return empty, empty
@@ -168,7 +225,7 @@ def chunked_logprobs_entropy(
     def one_chunk(xs: tuple[Array, Array]) -> tuple[Array, Array]:
         h_BCD, y_BC = xs
         logits_BCV = unembed(h_BCD).astype(jnp.float32) / jnp.asarray(temperature, jnp.float32)
-        return _logprobs_entropy_from_logits(logits_BCV, y_BC)
+        return _filtered_logprobs_entropy(logits_BCV, y_BC, top_k, top_p, min_p)
 
     logp_NBC, entropy_NBC = jax.lax.map(one_chunk, (hidden_chunks, target_chunks))
     logp = logp_NBC.transpose(1, 0, 2).reshape(batch, n_chunks * chunk)[:, :seq]
@@ -183,6 +240,9 @@ def token_logprobs_entropy(
     *,
     chunk_size: int = 128,
     temperature: float = 1.0,
+    top_k: int = -1,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
 ) -> tuple[Array, Array]:
     """Per-target-token log-prob and entropy of a causal LM over a token batch.
 
@@ -197,6 +257,8 @@ def token_logprobs_entropy(
       attention_mask: ``[B, L]`` bool, true on real tokens, or None for all-true.
       chunk_size: positions per chunk, see `chunked_logprobs_entropy`.
       temperature: positive scalar applied to the logits.
+      top_k, top_p, min_p: the sampler's filters (static; -1 / 1 / 0 = off), see
+        `chunked_logprobs_entropy`.
 
     Returns:
       ``(logp [B, T] f32, entropy [B, T] f32)`` with ``T = L - 1``, aligned to the target
@@ -219,4 +281,7 @@ def token_logprobs_entropy(
         model.lm_logits,
         chunk_size=chunk_size,
         temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
     )

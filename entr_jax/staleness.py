@@ -16,14 +16,35 @@ Simulated mode (``docs/design.md``, "Data flow"):
   ``g_n = max(0, n - k_n)``, with ``k_n`` drawn from the configured lag distribution by a
   key derived only from ``(seed, n)``. Before learner step ``v`` runs, the loop generates,
   with the *current* weights (version ``v``), every batch ``n`` in ``[v, v + K]`` with
-  ``g_n == v`` and parks it until step ``n``. No parameter copies are needed, and the
-  measured inter staleness of step ``n`` is exactly ``min(n, k_n)`` (``k_n`` once the
-  first ``K`` warm-up steps have passed).
+  ``g_n == v`` and parks it until step ``n``. No parameter copies are needed. The batch's
+  *newest* weights are exactly ``min(n, k_n)`` versions old at step ``n`` (``k_n`` once
+  the first ``K`` warm-up steps have passed).
 * **Intra switches from a ring.** A batch generated at version ``g`` starts decoding
-  with version ``max(0, g - D_n)`` and advances one version at each of ``D_n`` seeded
-  decode steps, ending at ``g``; the versions come from a ring holding the last
-  ``D_max + 1`` parameter versions. Switches placed past a trajectory's end do not happen,
-  so the measured intra staleness of a trajectory that stops early can be smaller.
+  with version ``g - D_n``, ``D_n = min(intra_switches, g)``, and advances one version at
+  each of ``D_n`` seeded decode steps ``s_1 < ... < s_D`` in ``[1, switch_window - 1]``
+  (the same steps for every row of the batch; only the first turn of a multi-turn episode
+  switches, later turns use ``g``), ending at ``g``; the versions come from a ring holding
+  the last ``ring_size >= D + 1`` parameter versions.
+
+What is guaranteed per trajectory (measured from its policy tokens' versions, consumed
+at step ``n``, with ``k = min(n, k_n)`` and ``D = D_n``):
+
+* its first token is made by ``v_first = g - D``; its last by ``v_last = g - u``, where
+  ``u`` (its *unrealised* switches) is the number of switch steps its first turn did not
+  reach (``s >= `` the first turn's length), or 0 when later turns of a multi-turn
+  episode ran (they use ``g``). So **inter = k + u and intra = D - u**;
+* hence **inter + intra = k + D exactly for every trajectory** (the age of its first
+  token), and inter = k, intra = D exactly for every trajectory that realises all
+  switches, e.g. any whose first turn is longer than ``s_D``, which holds for every
+  first turn of at least ``switch_window`` tokens. A trajectory that stops early is
+  *more* inter-stale and *less* intra-stale than configured, never more in total.
+
+So ``inter_lag`` configures the lag of the batch's newest weights, and equals the
+measured inter staleness only for trajectories that realise all switches. When every
+first turn has at least ``switch_window`` tokens (choose ``switch_window`` at most the
+shortest response length) measured == configured for both quantities. The loop reports what was
+realised: ``staleness/unrealised_switches`` (sum of ``u`` over the batch) and
+``staleness/all_switches_frac`` (`experiments.rollouts.rollout_metrics`).
 
 Everything here is host-side numpy and deterministic in ``(seed, batch index)``, so a run
 is reproducible bit for bit and resumable from `DelayLine.state_dict`.
@@ -55,12 +76,18 @@ class StalenessConfig:
         (``k_n = inter_lag``), ``uniform`` (integer uniform on ``[inter_lag, max_inter_lag]``)
         or ``geometric`` (``inter_lag + Geometric(geometric_p)`` counted from 0, truncated
         to ``max_inter_lag`` and renormalised).
-      inter_lag: the fixed lag, or the lower end of the random lag (>= 0).
+      inter_lag: the fixed lag, or the lower end of the random lag (>= 0): the age of the
+        batch's newest weights; a trajectory's measured inter staleness equals it when the
+        trajectory realises all intra switches, and exceeds it by the number it misses
+        (module docstring).
       max_inter_lag: upper end ``K`` of a random lag (>= inter_lag); ignored when fixed.
       geometric_p: success probability of the geometric lag, in (0, 1].
-      intra_switches: ``D``, the number of version switches inside one trajectory (>= 0).
+      intra_switches: ``D``, the number of version switches planned inside one trajectory
+        (>= 0); a trajectory whose first turn ends before switch step ``s`` does not
+        realise that switch (measured intra = ``D`` minus the unrealised ones).
       switch_window: switches happen at distinct decode steps drawn uniformly from
-        ``[1, switch_window - 1]``; needs ``intra_switches <= switch_window - 1``.
+        ``[1, switch_window - 1]``; needs ``intra_switches <= switch_window - 1``. A first
+        turn of at least ``switch_window`` tokens realises every switch.
       ring_size: parameter versions kept for replaying intra switches; needs
         ``ring_size >= intra_switches + 1``.
       max_staleness: async mode only: the sampler waits when it is this many versions
@@ -155,7 +182,9 @@ def intra_plan(cfg: StalenessConfig, n: int) -> tuple[int, tuple[int, ...]]:
     Returns ``(first_version, switch_steps)``: decoding starts with the weights of
     ``first_version = max(0, g_n - D)`` and moves one version forward at each decode step
     in ``switch_steps`` (sorted, distinct, in ``[1, switch_window - 1]``), so the last
-    version is ``g_n``. In sync mode there are no switches.
+    version is ``g_n`` for a row that reaches the last switch step (a row that stops
+    earlier ends at an older version; module docstring). In sync mode there are no
+    switches.
     """
     g = generation_version(cfg, n)
     d = 0 if cfg.mode == "sync" else min(cfg.intra_switches, g)

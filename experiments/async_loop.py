@@ -68,10 +68,15 @@ class Producer(threading.Thread):
                     start = time.perf_counter()
                     examples = next(job.data)
                     params = job._sampling(b)
+                    estimated = ro.entropy_estimated_count(job.sampler)
                     trajs = job._episodes(job.sampler, examples, params,
                                           job.cfg.task.samples_per_prompt, b * len(examples))
-                    version = int(max((t.token_version.max() for t in trajs), default=0))
-                    self.out.put(ro.RolloutBatch(b, version, trajs, time.perf_counter() - start))
+                    versions = [int(v) for t in trajs for v in t.token_version[t.loss_mask]]
+                    self.out.put(ro.RolloutBatch(
+                        b, max(versions, default=0), trajs, time.perf_counter() - start,
+                        first_version=min(versions, default=0),
+                        entropy_estimated_tokens=ro.entropy_estimated_count(job.sampler)
+                        - estimated))
                     self.next_id += 1
         except BaseException as e:  # surfaced in the learner thread
             self.error = e

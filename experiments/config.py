@@ -13,9 +13,11 @@ from typing import Any, Literal
 
 from entr_jax.advantages import AdvantageConfig
 from entr_jax.objectives import OBJECTIVES
+from entr_jax.sampling_filter import check_filter
 from entr_jax.sharding import MeshConfig
 from entr_jax.staleness import StalenessConfig
 from learners.logging import LoggingConfig
+from entr_jax.tasks.rewards import VerifierConfig
 from learners.optim import OptimizerConfig
 
 _ALIASES = {"estr"}  # registry aliases, not separate config sections
@@ -147,12 +149,28 @@ class SamplerSpec:
 
 @dataclasses.dataclass(frozen=True)
 class SamplingSpec:
-    """Rollout sampling parameters (RL defaults: no filtering)."""
+    """Rollout sampling parameters (RL defaults: no filtering).
+
+    The learner scores the same tempered, filtered distribution (``LearnerConfig`` gets
+    these values), so on-policy ``logp_pi == logp_mu``. Filters (``top_p < 1``,
+    ``top_k != -1``, ``min_p > 0``) need ``sampler.kind='jax'``: SGLang reports log-probs
+    from before its filters (``docs/sglang.md``), which could not be matched.
+
+    Attributes:
+      temperature: softmax temperature (> 0).
+      top_p: nucleus mass in (0, 1]; 1 = off.
+      top_k: keep the k most likely tokens (>= 1); -1 = off.
+      min_p: minimum probability relative to the mode, in [0, 1); 0 = off.
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
     min_p: float = 0.0
+
+    def __post_init__(self):
+        _require(self.temperature > 0, "sampling.temperature", self.temperature, "> 0")
+        check_filter(self.top_k, self.top_p, self.min_p, prefix="sampling.")
 
 
 def _objective_spec_class() -> type:
@@ -280,6 +298,7 @@ class RunConfig:
     staleness: StalenessConfig = StalenessConfig()
     checkpoint: CheckpointSpec = CheckpointSpec()
     logging: LoggingConfig = LoggingConfig()
+    verifier: VerifierConfig = VerifierConfig()  # answer checking: workers, time limit
 
     def __post_init__(self):
         _require(self.rl_steps >= 0, "rl_steps", self.rl_steps, ">= 0")
@@ -290,6 +309,28 @@ class RunConfig:
             "0 with sampler.kind='sglang' (SGLang cannot replay simulated switches; use "
             "staleness.mode=async for real in-flight updates)",
         )
+        st = self.staleness
+        _require(st.mode != "simulated" or st.intra_switches == 0
+                 or st.switch_window <= self.task.max_new_tokens,
+                 "staleness.switch_window", st.switch_window,
+                 f"<= task.max_new_tokens ({self.task.max_new_tokens}) with intra switches: a "
+                 "switch at a decode step no response reaches can never happen")
+        if self.sampler.kind == "sglang":
+            for name, off in (("top_p", 1.0), ("top_k", -1), ("min_p", 0.0)):
+                _require(getattr(self.sampling, name) == off, f"sampling.{name}",
+                         getattr(self.sampling, name),
+                         f"{off} (off) with sampler.kind='sglang': SGLang returns log-probs of "
+                         "the tempered distribution before top-k/top-p/min-p, so the learner "
+                         "could not score the distribution the tokens were drawn from")
+        # ENTR's entropy source must name what the sampler provides: the embedded sampler
+        # reports the exact entropy of mu, the SGLang fleet a top-k estimate where the engine
+        # does not report it (docs/sglang.md section 4).
+        source = getattr(self.objective.selected(), "entropy_source", None)
+        if source is not None and source != "current_full":
+            need = "behavior_topk" if self.sampler.kind == "sglang" else "behavior_full"
+            section = "entr" if self.objective.name in _ALIASES else self.objective.name
+            _require(source == need, f"objective.{section}.entropy_source", source,
+                     f"{need!r} or 'current_full' with sampler.kind={self.sampler.kind!r}")
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True, default=str)

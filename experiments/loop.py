@@ -110,6 +110,9 @@ class Job:
             num_microbatches=lc.microbatches,
             chunk_size=lc.logprob_chunk,
             temperature=self.cfg.sampling.temperature,
+            top_k=self.cfg.sampling.top_k,
+            top_p=self.cfg.sampling.top_p,
+            min_p=self.cfg.sampling.min_p,
             pad_id=pad_id,
             max_consecutive_nonfinite=lc.max_bad_steps,
             seed=self.cfg.seed,
@@ -194,7 +197,7 @@ class Job:
     def setup(self) -> None:
         cfg = self.cfg
         self.tokenizer, self.module_fn, weights = self._policy()
-        self.task: TaskBundle = build_task(cfg.task, data_dir=cfg.data.dir)
+        self.task: TaskBundle = build_task(cfg.task, cfg.verifier, data_dir=cfg.data.dir)
         obj_cfg = dataclasses.asdict(cfg.objective.selected())
         self.objective = make_objective(cfg.objective.name, **obj_cfg)
         self.learner = Learner(

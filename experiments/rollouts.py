@@ -25,15 +25,22 @@ class RolloutBatch:
 
     Attributes:
       batch_id: the learner step ``n`` that consumes it (also the data position).
-      generation_version: learner version when it was generated (the last version used).
+      generation_version: learner version when it was generated (the newest version used;
+        async mode: the newest token version in the batch).
       trajectories: P*G trajectories, example-major.
       sample_s: wall seconds spent generating it.
+      first_version: the version decoding started with (simulated mode: ``g - D``; async
+        mode: the oldest token version); None when unknown (older checkpoints).
+      entropy_estimated_tokens: generated tokens whose ``entropy_mu`` is a top-k estimate
+        rather than exact (`entropy_estimated_count`; 0 for the embedded sampler).
     """
 
     batch_id: int
     generation_version: int
     trajectories: list[Trajectory]
     sample_s: float = 0.0
+    first_version: int | None = None
+    entropy_estimated_tokens: int = 0
 
     def to_json(self) -> dict[str, Any]:
         trajs = []
@@ -43,7 +50,9 @@ class RolloutBatch:
                      finish_reason=t.finish_reason, info=_plain(t.info))
             trajs.append(d)
         return {"batch_id": self.batch_id, "generation_version": self.generation_version,
-                "sample_s": self.sample_s, "trajectories": trajs}
+                "sample_s": self.sample_s, "first_version": self.first_version,
+                "entropy_estimated_tokens": self.entropy_estimated_tokens,
+                "trajectories": trajs}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "RolloutBatch":
@@ -53,7 +62,8 @@ class RolloutBatch:
                        finish_reason=t["finish_reason"], info=t["info"])
             for t in d["trajectories"]
         ]
-        return cls(d["batch_id"], d["generation_version"], trajs, d["sample_s"])
+        return cls(d["batch_id"], d["generation_version"], trajs, d["sample_s"],
+                   d.get("first_version"), int(d.get("entropy_estimated_tokens", 0)))
 
 
 def _plain(obj: Any) -> Any:
@@ -118,6 +128,17 @@ def sampling_seed(seed: int, batch_id: int, stream: int = 0) -> int:
     return int(np.random.default_rng([seed, 11, stream, batch_id]).integers(0, 2**31 - 1))
 
 
+def entropy_estimated_count(sampler: Any) -> int:
+    """Cumulative count of generated tokens whose ``entropy_mu`` is a top-k estimate: the
+    SGLang fleet's ``metrics()["sglang/tokens_entropy_estimated"]``; 0 for samplers that
+    report exact entropies (the embedded `JaxSampler` has no ``metrics``). The difference
+    across one batch's generation is that batch's count."""
+    metrics = getattr(sampler, "metrics", None)
+    if not callable(metrics):
+        return 0
+    return int(metrics().get("sglang/tokens_entropy_estimated", 0))
+
+
 def is_correct(traj: Trajectory) -> bool:
     """Whether an episode was answered correctly: the environment's ``correct`` flag, or a
     reward of at least 1 for environments that give none."""
@@ -130,8 +151,20 @@ def rollout_metrics(batch: RolloutBatch, version: int) -> dict[str, Any]:
     Keys: ``batch/id``, ``batch/generation_version``, ``reward/mean``, ``reward/std``,
     ``reward/correct_frac``, ``response/length_mean`` and ``/length_max`` (policy tokens),
     ``response/truncated_frac``, ``staleness/inter_mean``, ``/inter_max``,
-    ``/intra_mean``, ``/intra_max`` (per trajectory, ESTR section 2) and
-    ``staleness/inter_hist`` / ``intra_hist`` (counts of trajectories per value 0..max).
+    ``/intra_mean``, ``/intra_max`` (per trajectory, ESTR section 2),
+    ``staleness/inter_hist`` / ``intra_hist`` (counts of trajectories per value 0..max);
+    what the staleness plan realised (`entr_jax.staleness` module docstring):
+    ``staleness/inter_planned`` (``version - generation_version``, the age of the batch's
+    newest weights), ``staleness/intra_planned`` (``generation_version - first_version``,
+    the switches planned; absent when ``first_version`` is unknown),
+    ``staleness/total_mean`` (mean of inter + intra, equal to the sum of the two planned
+    values in simulated mode), ``staleness/unrealised_switches`` (sum over trajectories of
+    ``generation_version - v_last``: switches a trajectory ended before) and
+    ``staleness/all_switches_frac`` (trajectories that realised every switch); and the
+    entropy provenance ``sampler/entropy_estimated_tokens`` (generated tokens whose
+    ``entropy_mu`` is a top-k estimate, counting any later cut by ``max_total_tokens``) and
+    ``sampler/entropy_estimated_frac`` (that count over the policy tokens, at most 1; 0 =
+    every ``entropy_mu`` exact).
     """
     trajs = batch.trajectories
     rewards = np.array([t.reward for t in trajs], np.float64)
@@ -140,6 +173,12 @@ def rollout_metrics(batch: RolloutBatch, version: int) -> dict[str, Any]:
                       for t in trajs])
     inter, intra = stale[:, 0], stale[:, 1]
     correct = [is_correct(t) for t in trajs]
+    has_tokens = lengths > 0
+    inter_planned = version - batch.generation_version
+    unrealised = np.where(has_tokens, inter - inter_planned, 0)
+    planned = {}
+    if batch.first_version is not None:
+        planned["staleness/intra_planned"] = int(batch.generation_version - batch.first_version)
     return {
         "batch/id": batch.batch_id,
         "batch/generation_version": batch.generation_version,
@@ -155,6 +194,15 @@ def rollout_metrics(batch: RolloutBatch, version: int) -> dict[str, Any]:
         "staleness/intra_max": int(intra.max()),
         "staleness/inter_hist": np.bincount(inter).tolist(),
         "staleness/intra_hist": np.bincount(intra).tolist(),
+        "staleness/inter_planned": int(inter_planned),
+        **planned,
+        "staleness/total_mean": float((inter + intra)[has_tokens].mean()) if has_tokens.any() else 0.0,
+        "staleness/unrealised_switches": int(unrealised.sum()),
+        "staleness/all_switches_frac": float(np.mean(unrealised[has_tokens] == 0))
+        if has_tokens.any() else 1.0,
+        "sampler/entropy_estimated_tokens": int(batch.entropy_estimated_tokens),
+        "sampler/entropy_estimated_frac": min(1.0, float(batch.entropy_estimated_tokens
+                                                         / max(int(lengths.sum()), 1))),
     }
 
 
@@ -168,6 +216,9 @@ def generate_batch(sampler: Sampler, run_episodes_fn, batch_id: int, examples: l
     if getattr(sampler, "version", None) != versions[0]:  # skip a no-op (costly on a fleet)
         sampler.update_weights(ring.get(versions[0]), versions[0])
     schedule = [(s, ring.get(v), v) for s, v in zip(switch_steps, versions[1:])]
+    estimated = entropy_estimated_count(sampler)
     trajs = run_episodes_fn(ScheduledSampler(sampler, schedule), examples, params,
                             num_samples, batch_id * len(examples))
-    return RolloutBatch(batch_id, versions[-1], trajs, time.perf_counter() - start)
+    return RolloutBatch(batch_id, versions[-1], trajs, time.perf_counter() - start,
+                        first_version=versions[0],
+                        entropy_estimated_tokens=entropy_estimated_count(sampler) - estimated)

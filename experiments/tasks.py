@@ -14,7 +14,7 @@ from entr_jax.data.sft import answer_demos, gsm8k_calc_demos
 from entr_jax.data.templates import GSM8K_INSTRUCTION, MATH_INSTRUCTION
 from entr_jax.tasks.calculator import CALC_INSTRUCTION, make_calculator_env
 from entr_jax.tasks.env import Environment, SingleTurnEnv
-from entr_jax.tasks.rewards import MathScorer, MathVerifier, RewardConfig
+from entr_jax.tasks.rewards import MathScorer, MathVerifier, RewardConfig, VerifierConfig
 from entr_jax.tasks.rollout import RolloutConfig
 from entr_jax.tasks.search import BM25Index, make_corpus, make_search_env
 from entr_jax.types import Trajectory
@@ -56,12 +56,14 @@ def _first(examples: list[dict], n: int) -> list[dict]:
     return examples if n == 0 else examples[:n]
 
 
-def build_task(spec: TaskSpec, data_dir: str = "") -> TaskBundle:
-    """The `TaskBundle` of a task spec (see `TaskSpec.name` for the tasks); data files
-    are looked up in ``data_dir`` (``--data.dir``; empty: ``$ENTR_DATA_DIR``) first, then
-    as `entr_jax.data.files.locate` describes."""
+def build_task(spec: TaskSpec, verifier_config: VerifierConfig = VerifierConfig(),
+               data_dir: str = "") -> TaskBundle:
+    """The `TaskBundle` of a task spec (see `TaskSpec.name` for the tasks); answers are
+    checked by a `MathVerifier` with ``verifier_config`` (worker count, time limit); data
+    files are looked up in ``data_dir`` (``--data.dir``; empty: ``$ENTR_DATA_DIR``) first,
+    then as `entr_jax.data.files.locate` describes."""
     load = functools.partial(load_source, data_dir=data_dir)
-    verifier = MathVerifier()
+    verifier = MathVerifier(verifier_config)
     rollout = RolloutConfig(max_turns=spec.max_turns, max_total_tokens=spec.max_total_tokens)
     n_eval = spec.eval_examples
     if spec.name == "arithmetic":

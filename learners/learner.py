@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from entr_jax.sampling_filter import check_filter
 from entr_jax.sharding import MeshConfig, make_mesh
 from entr_jax.types import Trajectory
 from learners.batching import make_batch
@@ -77,6 +78,10 @@ class LearnerConfig:
       num_microbatches: gradient-accumulation microbatches per optimizer step (>= 1).
       chunk_size: sequence chunk of the log-prob computation (>= 1).
       temperature: sampling temperature the behaviour log-probs were taken at (> 0).
+      top_k, top_p, min_p: the sampler's filters (-1 / 1 / 0 = off, as in
+        `entr_jax.interfaces.SamplingParams`); RL steps and `make_logprob_fn` score the
+        same filtered, renormalised distribution the sampler drew from
+        (`entr_jax.sampling_filter`), SFT steps the unfiltered tempered softmax.
       pad_id: padding token id (>= 0).
       min_length, max_length: sequence-length bucketing bounds (`bucket_length`).
       max_consecutive_nonfinite: stop after this many skipped steps in a row (>= 1).
@@ -88,6 +93,9 @@ class LearnerConfig:
     num_microbatches: int = 1
     chunk_size: int = 128
     temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    min_p: float = 0.0
     pad_id: int = 0
     min_length: int = 16
     max_length: int | None = None
@@ -100,6 +108,7 @@ class LearnerConfig:
                 raise ValueError(f"LearnerConfig.{name} must be >= 1, got {getattr(self, name)}")
         if not self.temperature > 0:
             raise ValueError(f"LearnerConfig.temperature must be > 0, got {self.temperature}")
+        check_filter(self.top_k, self.top_p, self.min_p, prefix="LearnerConfig.")
         if self.pad_id < 0:
             raise ValueError(f"LearnerConfig.pad_id must be >= 0, got {self.pad_id}")
 
@@ -134,7 +143,8 @@ class Learner:
         self.mesh = make_mesh(config.mesh, devices)
         self.tx = make_optimizer(config.optimizer)
         self.state, self.shardings = create_train_state(module_fn, self.tx, self.mesh, config.seed)
-        kw = dict(chunk_size=config.chunk_size, temperature=config.temperature)
+        kw = dict(chunk_size=config.chunk_size, temperature=config.temperature,
+                  top_k=config.top_k, top_p=config.top_p, min_p=config.min_p)
         schedule = make_schedule(config.optimizer)
         self.objective = objective
         self.rl_step = None

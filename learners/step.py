@@ -156,6 +156,9 @@ def make_train_step(
     objective: Objective | None = None,
     chunk_size: int = 128,
     temperature: float = 1.0,
+    top_k: int = -1,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
     lr_schedule: optax.Schedule | None = None,
 ) -> Step:
     """Compile ``step(state, batch) -> (state, metrics)`` for RL or SFT.
@@ -174,6 +177,9 @@ def make_train_step(
       chunk_size, temperature: passed to `token_logprobs_entropy`; ``temperature`` must be
         the sampling temperature so ``logp_pi`` and ``logp_mu`` describe the same
         distribution family.
+      top_k, top_p, min_p: the sampler's filters, passed to `token_logprobs_entropy` for
+        ``"rl"`` (so ``logp_pi`` scores the filtered distribution ``logp_mu`` was drawn
+        from); ``"sft"`` ignores them (demonstrations are scored unfiltered).
       lr_schedule: reported as ``train/learning_rate`` at the number of applied updates.
 
     Returns:
@@ -186,6 +192,7 @@ def make_train_step(
     if kind == "rl" and objective is None:
         raise ValueError("make_train_step: kind='rl' needs an objective")
     loss_fn = objective if kind == "rl" else _sft_loss
+    filters = dict(top_k=top_k, top_p=top_p, min_p=min_p) if kind == "rl" else {}
     graphdef = state_shardings.graphdef
     param_shardings = state_shardings.params
     step = Step(fn=lambda *a: None)
@@ -193,7 +200,8 @@ def make_train_step(
     def micro_loss(params, other, mb: Batch, num_loss_tokens):
         model = nnx.merge(graphdef, params, other)
         logp, entropy = token_logprobs_entropy(
-            model, mb.tokens, mb.attention_mask, chunk_size=chunk_size, temperature=temperature
+            model, mb.tokens, mb.attention_mask, chunk_size=chunk_size, temperature=temperature,
+            **filters,
         )
         view = types.SimpleNamespace(
             **{name: getattr(mb, name) for name in _BATCH_FIELDS},
@@ -300,8 +308,14 @@ def make_logprob_fn(
     *,
     chunk_size: int = 128,
     temperature: float = 1.0,
+    top_k: int = -1,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
 ) -> Step:
     """Compile ``fn(params, other, batch) -> (logp [M, b, T] f32, entropy [M, b, T] f32)``.
+
+    ``chunk_size``, ``temperature`` and the sampler's filters ``top_k``, ``top_p``,
+    ``min_p`` go to `token_logprobs_entropy` (the same distribution the RL step scores).
 
     No gradient. Used for ``logp_prox`` (call it with the current ``state.params`` before
     the update, decoupled PPO / AReaL, algorithms.md section 4.4) and ``logp_ref`` (call it
@@ -322,7 +336,7 @@ def make_logprob_fn(
             mb = _constrain_batch(mb, mesh)
             logp, entropy = token_logprobs_entropy(
                 model, mb.tokens, mb.attention_mask, chunk_size=chunk_size,
-                temperature=temperature,
+                temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
             )
             return None, (logp, entropy)
 

@@ -21,7 +21,8 @@ Design (see also `samplers.jax_decode` and `samplers.jax_sampling`):
   bucket shapes (different reduction shapes), which only matters at exact ties.
 * **Behavior statistics.** ``logp_mu``/``entropy_mu`` are the log-prob of the token and the
   entropy of the tempered, filtered, renormalised distribution sampled from, in f32 (see
-  `samplers.jax_sampling`). The logits are computed in the compute ``dtype``: sampling in
+  `samplers.jax_sampling`; the filter is `entr_jax.sampling_filter`, which the learner
+  applies too when given the same ``top_k``/``top_p``/``min_p``). The logits are computed in the compute ``dtype``: sampling in
   bf16 against an f32 learner is a real train/inference mismatch, recorded in ``logp_mu``.
   Parameters are stored cast to the compute dtype (the model casts them there anyway).
 * **Weight versions.** Every token records the version of the weights whose forward pass

@@ -22,7 +22,8 @@ APIs" and "Sampling Parameters"; ``python/sglang/srt/entrypoints/http_server.py`
   refuses filtering parameters (`check_params_supported`).
 * Stock SGLang has no request option that returns per-token entropy; a server patched to
   put ``meta_info["output_token_entropy"]`` (one float per token) is used when present,
-  otherwise the entropy is estimated from ``output_top_logprobs`` (`sglang_entropy`).
+  otherwise the entropy is estimated from ``output_top_logprobs`` (`sglang_entropy`); the
+  count of such estimated tokens is ``counts["tokens_entropy_estimated"]``.
 
 Malformed data is never silently trained on: a token whose log-prob (or entropy) is
 missing or unreadable gets ``logp_mu = NaN`` (the batching step masks non-finite
@@ -52,6 +53,7 @@ COUNTER_KEYS = (
     "tokens_nonfinite_logprob",
     "tokens_missing_entropy",
     "tokens_dropped",
+    "tokens_entropy_estimated",
 )
 
 
@@ -72,7 +74,8 @@ class Segment:
       version: integer policy version parsed from ``meta_info.weight_version``.
       finish_type: ``"stop"``, ``"length"`` or ``"abort"``.
       message: abort message (or truncation reason), else None.
-      counts: per-reply counters, keys `COUNTER_KEYS`.
+      counts: per-reply counters, keys `COUNTER_KEYS` (``tokens_entropy_estimated``: tokens
+        whose entropy is the top-k estimate, not an engine value).
     """
 
     token_ids: np.ndarray
@@ -259,8 +262,9 @@ def parse_generate_reply(
         logp.append(lp)
     r = len(ids)
     logp_r = np.asarray(logp, np.float32)
-    entropy, halfwidth = _entropies(meta, r, top_k, vocab_size)
+    entropy, halfwidth, estimated = _entropies(meta, r, top_k, vocab_size)
     missing_h = ~np.isfinite(entropy)
+    counts["tokens_entropy_estimated"] = int(np.sum(estimated & ~missing_h))
     counts["tokens_missing_entropy"] = int(missing_h.sum())
     logp_r = np.where(missing_h, np.float32(np.nan), logp_r).astype(np.float32)
     finish, message = fr["type"], fr.get("message")
@@ -279,18 +283,19 @@ def parse_generate_reply(
 
 
 def _entropies(meta: dict[str, Any], r: int, top_k: int, vocab_size: int):
-    """``(entropy [r], halfwidth [r])`` float32: engine values if given, else top-k bounds."""
+    """``(entropy [r] f32, halfwidth [r] f32, estimated [r] bool)``: engine values if given
+    (``estimated`` false), else the top-k estimate and its bound (``estimated`` true)."""
     engine = meta.get("output_token_entropy")
     if isinstance(engine, list) and len(engine) >= r:
         vals = [_number(v) for v in engine[:r]]
         if all(v is not None and math.isfinite(v) for v in vals):
-            return np.asarray(vals, np.float32), np.zeros(r, np.float32)
+            return np.asarray(vals, np.float32), np.zeros(r, np.float32), np.zeros(r, bool)
     tops = meta.get("output_top_logprobs")
     rows = np.full((r, top_k), -np.inf)
     for i in range(r):
         row = _top_row(tops[i], top_k) if isinstance(tops, list) and i < len(tops) else None
         rows[i] = row if row is not None else np.nan
     if r == 0:
-        return np.zeros(0, np.float32), np.zeros(0, np.float32)
+        return np.zeros(0, np.float32), np.zeros(0, np.float32), np.zeros(0, bool)
     est, lo, hi = topk_entropy_bounds(rows, vocab_size)
-    return est.astype(np.float32), (0.5 * (hi - lo)).astype(np.float32)
+    return est.astype(np.float32), (0.5 * (hi - lo)).astype(np.float32), np.ones(r, bool)

@@ -38,6 +38,8 @@ log-probs fewer than tokens, ``output_ids`` complete), ``"short_no_ids"`` (the s
 which ends it as an abort; `FakeSGLangServer.stalled` is set while it waits) and
 ``"die"`` (`FakeSGLangServer.kill`: this request, those in flight and every later one are
 dropped without a reply, and the port stops listening).
+With ``engine_entropy = True`` replies also carry ``meta_info["output_token_entropy"]``
+(the exact entropy per token), as a server patched to report it would.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ class FakeSGLangServer:
         self.hang_s = hang_s
         self.token_delay_s = token_delay_s
         self.pause_wait_s = pause_wait_s  # longest a request waits for /continue_generation
+        self.engine_entropy = False  # True: also report meta_info["output_token_entropy"]
         self.faults: collections.deque[str | None] = collections.deque()
         self.weights_seed = 0
         self.weight_version = "default"
@@ -292,7 +295,7 @@ class FakeSGLangServer:
         seed = int(sp.get("sampling_seed", 0))
         k = int(body.get("top_logprobs_num") or 0)
         limit = max(1, budget // 2) if abort else budget
-        out, triples, tops = [], [], []
+        out, triples, tops, entropies = [], [], [], []
         finish = {"type": "length", "length": budget}
         while len(out) < limit:
             if stall and len(out) == max(1, budget // 2):
@@ -313,6 +316,7 @@ class FakeSGLangServer:
             ids.append(tok)
             out.append(tok)
             triples.append([float(lp[tok]), tok, None])
+            entropies.append(float(-(np.exp(lp) * lp).sum()))
             order = np.argsort(-lp, kind="stable")[:k]
             tops.append([[float(lp[j]), int(j), None] for j in order])
             if tok in stops:
@@ -327,4 +331,6 @@ class FakeSGLangServer:
         }
         if k:
             meta["output_top_logprobs"] = tops
+        if self.engine_entropy:  # what a server patched to report the entropy would send
+            meta["output_token_entropy"] = entropies
         return {"text": "", "output_ids": out, "meta_info": meta}

@@ -7,7 +7,9 @@ in the buckets (batch 8, prompt 8 or 16, new tokens 8) to keep compilations few.
 """
 
 import dataclasses
+import functools
 import threading
+import types
 
 import jax
 import jax.numpy as jnp
@@ -322,3 +324,86 @@ def test_stale_cache_swap_and_bf16_mismatch(models):
     gens = flat(bf16.generate(PROMPTS, params, 2))
     diff = np.concatenate([g.logp_mu - lp for g, (lp, _, _) in zip(gens, learner_view(m0, gens))])
     assert 1e-5 < np.abs(diff).max() < 0.5
+
+
+# ---- the learner scores the distribution the sampler drew from (issue 11, item 2)
+
+_FILTER_ARGS = ("temperature", "top_k", "top_p", "min_p")
+
+
+@functools.partial(nnx.jit, static_argnames=_FILTER_ARGS)
+def _learner_logprobs(model, tokens, mask, *, temperature, top_k, top_p, min_p):
+    return token_logprobs_entropy(model, tokens, mask, temperature=temperature, top_k=top_k,
+                                  top_p=top_p, min_p=min_p)
+
+
+def _trajectory_arrays(gens, logprob_fn):
+    """``[R]`` arrays of every response token: (logp_pi, entropy_pi, logp_mu, entropy_mu)."""
+    out = []
+    for start in range(0, len(gens), ROWS):
+        chunk = gens[start:start + ROWS]
+        tokens = np.zeros((ROWS, L_PAD), np.int32)
+        mask = np.zeros((ROWS, L_PAD), bool)
+        for r, g in enumerate(chunk):
+            seq = np.concatenate([g.prompt_ids, g.response_ids])
+            tokens[r, :len(seq)], mask[r, :len(seq)] = seq, True
+        logp, ent = jax.device_get(logprob_fn(tokens, mask))
+        for r, g in enumerate(chunk):
+            s, n = len(g.prompt_ids) - 1, len(g.response_ids)
+            out.append((logp[r, s:s + n], ent[r, s:s + n], g.logp_mu, g.entropy_mu))
+    return [np.concatenate(a) for a in zip(*out)]
+
+
+def _assert_on_policy(logp_pi, entropy_pi, logp_mu, entropy_mu):
+    """Ratio 1 and equal entropies within 1e-5 on every token; ENTR masks none of them."""
+    from entr_jax.objectives import make_objective
+
+    assert np.abs(logp_pi - logp_mu).max() <= TOL
+    np.testing.assert_allclose(entropy_pi, entropy_mu, atol=TOL, rtol=TOL)
+    batch = types.SimpleNamespace(
+        logp_mu=jnp.asarray(logp_mu)[None], entropy_mu=jnp.asarray(entropy_mu)[None],
+        advantages=jnp.ones((1, len(logp_mu)), jnp.float32),
+        loss_mask=jnp.ones((1, len(logp_mu)), bool))
+    _, metrics = make_objective("entr")(jnp.asarray(logp_pi)[None], batch)
+    assert float(metrics["mask/fraction"]) == 0.0
+    np.testing.assert_allclose(float(metrics["ratio_pi_mu/max"]), 1.0, atol=2 * TOL)
+
+
+@pytest.mark.parametrize("top_k,top_p,min_p,temperature", [
+    (-1, 0.9, 0.0, 0.7),   # before the fix: max |logp_pi - logp_mu| ~ 0.1 on this model
+    (5, 1.0, 0.0, 1.0),
+    (-1, 1.0, 0.1, 1.0),   # before: ENTR masked part of these on-policy tokens
+])
+def test_learner_logprobs_score_the_filtered_distribution(sampler, models, top_k, top_p, min_p,
+                                                          temperature):
+    """Same weights: `token_logprobs_entropy` with the sampler's filters (what the learner
+    runs) gives logp_pi == logp_mu and entropy_pi == entropy_mu within 1e-5 on every token."""
+    kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    gens = flat(sampler.generate(PROMPTS, SamplingParams(max_new_tokens=8, seed=7, **kw),
+                                 num_samples=2))
+    arrays = _trajectory_arrays(gens, lambda t, m: _learner_logprobs(models[0], t, m, **kw))
+    _assert_on_policy(*arrays)
+    # the unfiltered score is off by a lot (what the learner did before), so the check bites
+    unfiltered = _trajectory_arrays(
+        gens, lambda t, m: _learner_logprobs(models[0], t, m, temperature=temperature,
+                                             top_k=-1, top_p=1.0, min_p=0.0))
+    assert np.abs(unfiltered[0] - arrays[2]).max() > 0.05
+
+
+def test_learner_config_filters_reach_the_logprob_function(sampler, models):
+    """End to end through `LearnerConfig` -> `Learner.token_logprobs` (the learner's
+    compiled log-prob function, `make_logprob_fn`) with every filter at once."""
+    from entr_jax.types import Trajectory
+    from learners.learner import Learner, LearnerConfig
+
+    kw = dict(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05)
+    gens = flat(sampler.generate(PROMPTS, SamplingParams(max_new_tokens=8, seed=9, **kw),
+                                 num_samples=2))
+    learner = Learner(lambda: make_model(0), LearnerConfig(min_length=L_PAD, **kw),
+                      devices=jax.devices()[:1])
+    learner.load_params(nnx.state(models[0], nnx.Param))
+    arrays = learner.token_logprobs([Trajectory.from_generation(g) for g in gens])
+    mask = arrays["loss_mask"]
+    assert mask.sum() == sum(len(g.response_ids) for g in gens)
+    _assert_on_policy(*(arrays[k][mask] for k in ("logp_pi", "entropy_pi", "logp_mu",
+                                                  "entropy_mu")))

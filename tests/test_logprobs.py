@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from entr_jax.logprobs import (
+    LOGP_OUTSIDE_KEPT,
     chunked_logprobs_entropy,
     naive_logprobs_entropy,
     token_logprobs_entropy,
@@ -310,3 +311,123 @@ def test_model_matches_transformers(tiny_model, tmp_path):
     valid = np.asarray(mask[:, 1:])  # padding targets are meaningless by contract
     np.testing.assert_allclose(np.asarray(logp)[valid], ref_logp[valid], rtol=MODEL_TOL, atol=MODEL_TOL)
     np.testing.assert_allclose(np.asarray(ent)[valid], ref_ent[valid], rtol=MODEL_TOL, atol=MODEL_TOL)
+
+
+# ---- sampling filters: the learner scores the filtered distribution the sampler drew from
+
+
+def test_filtered_hand_computed_golden():
+    """z = [log 4, log 3, log 2, log 1] (probabilities 0.4, 0.3, 0.2, 0.1).
+
+    top_k 2 -> {0, 1} renormalised: 4/7, 3/7; top_p 0.75 keeps 0, 1 (mass before token 2
+    is 0.7 < 0.75) and 2: 4/9, 3/9, 2/9; min_p 0.3 keeps p >= 0.12: 0, 1, 2 as well."""
+    logits = jnp.log(jnp.array([[[4.0, 3.0, 2.0, 1.0]] * 4], jnp.float32))
+    targets = jnp.array([[0, 1, 2, 3]], jnp.int32)
+    logp, ent = naive_logprobs_entropy(logits, targets, top_k=2)
+    lp2 = [math.log(4 / 7), math.log(3 / 7)]
+    np.testing.assert_allclose(logp[0, :2], lp2, atol=TOL)
+    np.testing.assert_allclose(logp[0, 2:], [LOGP_OUTSIDE_KEPT] * 2)  # probability 0
+    np.testing.assert_allclose(ent, [[-(4 / 7) * lp2[0] - (3 / 7) * lp2[1]] * 4], atol=TOL)
+    for kw in (dict(top_p=0.75), dict(min_p=0.3), dict(top_k=3, top_p=0.8, min_p=0.3)):
+        logp, ent = naive_logprobs_entropy(logits, targets, **kw)
+        lp3 = [math.log(4 / 9), math.log(3 / 9), math.log(2 / 9)]
+        np.testing.assert_allclose(logp[0], lp3 + [LOGP_OUTSIDE_KEPT], atol=TOL)
+        np.testing.assert_allclose(ent[0], [-sum(math.exp(v) * v for v in lp3)] * 4, atol=TOL)
+    # exactly k under ties: the lower token id wins
+    tied = jnp.zeros((1, 1, 4), jnp.float32)
+    logp, _ = naive_logprobs_entropy(tied, jnp.array([[1]]), top_k=2)
+    np.testing.assert_allclose(logp, [[math.log(0.5)]], atol=TOL)
+    logp, _ = naive_logprobs_entropy(tied, jnp.array([[2]]), top_k=2)
+    np.testing.assert_allclose(logp, [[LOGP_OUTSIDE_KEPT]])
+
+
+def numpy_filtered_reference(logits, targets, temperature, top_k, top_p, min_p):
+    """float64 filtered log-softmax and entropy, written independently (per row loops)."""
+    z_all = np.asarray(logits, np.float64) / temperature
+    logp = np.zeros(z_all.shape[:-1])
+    ent = np.zeros(z_all.shape[:-1])
+    keep_all = np.zeros(z_all.shape, bool)
+    for idx in np.ndindex(z_all.shape[:-1]):
+        z = z_all[idx]
+        order = np.argsort(-z, kind="stable")
+        kept = order[:top_k] if top_k > 0 else order
+        p = np.exp(z[kept] - z[kept].max())
+        p /= p.sum()
+        keep = np.zeros(z.shape, bool)
+        mass = 0.0
+        for tok, prob in zip(kept, p):
+            keep[tok] = mass < top_p or top_p >= 1
+            mass += prob
+        keep &= z >= z.max() + (np.log(min_p) if min_p > 0 else -np.inf)
+        zk = np.where(keep, z, -np.inf)
+        logq = zk - zk.max() - np.log(np.exp(zk - zk.max()).sum())
+        y = int(np.asarray(targets)[idx])
+        logp[idx] = logq[y] if keep[y] else LOGP_OUTSIDE_KEPT
+        ent[idx] = -(np.exp(logq[keep]) * logq[keep]).sum()
+        keep_all[idx] = keep
+    return logp, ent, keep_all
+
+
+FILTERS = [(5, 1.0, 0.0, 0.7), (-1, 0.9, 0.0, 0.7), (-1, 1.0, 0.1, 1.0), (4, 0.8, 0.05, 1.3)]
+
+
+@pytest.mark.parametrize("top_k,top_p,min_p,temperature", FILTERS)
+def test_filtered_chunked_matches_numpy_and_gradient_is_kept_softmax(data, top_k, top_p, min_p,
+                                                                     temperature):
+    hidden, w, _ = data
+    logits = jnp.einsum("btd,dv->btv", hidden, w)
+    kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    # targets: the mode at even positions (always kept), the least likely token at odd ones
+    # (outside the kept set whenever the filter removes anything)
+    order = np.argsort(-np.asarray(logits), axis=-1, kind="stable")
+    targets = jnp.asarray(np.where(np.arange(T) % 2 == 0, order[..., 0], order[..., -1]))
+    ref_logp, ref_ent, keep = numpy_filtered_reference(logits, targets, **kw)
+    assert 0 < keep.sum() < keep.size  # the filter removes tokens
+    for c in (3, 128):
+        logp, ent = chunked_logprobs_entropy(hidden, targets, lambda h: h @ w, chunk_size=c, **kw)
+        np.testing.assert_allclose(logp, ref_logp, rtol=TOL, atol=TOL)
+        np.testing.assert_allclose(ent, ref_ent, rtol=TOL, atol=TOL)
+    # d logp / d logits = (onehot(y) - mu) / temperature on the kept set, 0 elsewhere; and 0
+    # everywhere for a target outside the kept set (its logp is a constant)
+    grad = jax.grad(lambda x: jnp.sum(naive_logprobs_entropy(x, targets, **kw)[0]))(logits)
+    t_np = np.asarray(targets)
+    y_kept = np.take_along_axis(keep, t_np[..., None], -1)[..., 0]
+    z = np.where(keep, np.asarray(logits, np.float64) / temperature, -np.inf)
+    mu = np.exp(z - z.max(-1, keepdims=True))
+    mu /= mu.sum(-1, keepdims=True)
+    onehot = np.eye(V)[t_np]
+    expected = np.where(y_kept[..., None], (onehot - mu) / temperature, 0.0)
+    np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-5)
+    assert np.all(np.asarray(grad)[~keep] == 0.0)
+    # the chunked, rematerialised path has the same gradient in the unembedding
+    adv = jnp.asarray(np.random.default_rng(0).normal(size=(B, T)), jnp.float32)
+    g_chunked = jax.grad(lambda w_: jnp.sum(adv * chunked_logprobs_entropy(
+        hidden, targets, lambda h: h @ w_, chunk_size=3, **kw)[0]))(w)
+    g_naive = jax.grad(lambda w_: jnp.sum(adv * naive_logprobs_entropy(
+        jnp.einsum("btd,dv->btv", hidden, w_), targets, **kw)[0]))(w)
+    assert np.all(np.isfinite(np.asarray(g_chunked)))
+    np.testing.assert_allclose(g_chunked, g_naive, rtol=1e-4, atol=1e-5)
+
+
+def test_filter_off_is_the_unfiltered_path(data):
+    """-1 / 1 / 0 are exactly the unfiltered computation (same values bit for bit)."""
+    hidden, w, targets = data
+    a = chunked_logprobs_entropy(hidden, targets, lambda h: h @ w, temperature=0.7)
+    b = chunked_logprobs_entropy(hidden, targets, lambda h: h @ w, temperature=0.7,
+                                 top_k=-1, top_p=1.0, min_p=0.0)
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+    # a filter that keeps everything gives the same distribution
+    c = chunked_logprobs_entropy(hidden, targets, lambda h: h @ w, temperature=0.7, top_k=V)
+    np.testing.assert_allclose(c[0], a[0], atol=TOL)
+    np.testing.assert_allclose(c[1], a[1], atol=TOL)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(top_k=0), "top_k"), (dict(top_k=-2), "top_k"), (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"), (dict(min_p=1.0), "min_p"), (dict(min_p=-0.1), "min_p"),
+])
+def test_bad_filter_values(data, kwargs, match):
+    hidden, w, targets = data
+    with pytest.raises(ValueError, match=match):
+        chunked_logprobs_entropy(hidden, targets, lambda h: h @ w, **kwargs)

@@ -153,9 +153,16 @@ def test_intra_switches_are_measured(small_model_dir, tmp_path):
                        token_samples_every=1)
     run(cfg)
     rows = metrics(tmp_path / "intra")
-    for r in rows:
+    for n, r in enumerate(rows):
         g = r["batch/generation_version"]
         assert r["staleness/intra_max"] <= min(g, 2)
+        # planned: lag min(n, 1) of the newest weights, min(g, 2) switches; every trajectory
+        # is exactly inter + intra = planned total old, and what the switches it missed add
+        # to its inter staleness is reported (6 trajectories per batch)
+        assert (r["staleness/inter_planned"], r["staleness/intra_planned"]) == (min(n, 1), min(g, 2))
+        assert r["staleness/total_mean"] == min(n, 1) + min(g, 2)
+        assert r["staleness/inter_mean"] * 6 == pytest.approx(
+            6 * min(n, 1) + r["staleness/unrealised_switches"])
     # per trajectory, from the stored token versions: trajectories that reach the last
     # switch step span exactly min(g, 2) versions, the last one being g
     for n in (3, 4):
@@ -205,6 +212,10 @@ def test_async_mode_bounds_and_measures_staleness(small_model_dir, tmp_path):
     assert all(t["time/wait_s"] >= 0 and t["time/sample_s"] > 0 for t in timing)
 
 
+_SGLANG = ["--sampler.kind", "sglang", "--sampler.server_urls", "http://127.0.0.1:30000",
+           "--staleness.intra_switches", "0"]
+
+
 @pytest.mark.parametrize("args, field", [
     (["--bogus", "1"], "--bogus"),
     (["--rl_steps", "many"], "rl_steps"),
@@ -212,6 +223,21 @@ def test_async_mode_bounds_and_measures_staleness(small_model_dir, tmp_path):
     (["--staleness.intra_switches", "3", "--staleness.ring_size", "2"], "intra_switches"),
     (["--objective.name", "nope"], "objective.name"),
     (["--objective.entr.tau", "0"], "tau"),
+    # issue 11: sampling filters the learner could not match, entropy sources that do not
+    # say what the sampler provides, verifier limits, unreachable switch steps
+    (_SGLANG + ["--objective.entr.entropy_source", "behavior_topk", "--sampling.top_p", "0.9"],
+     "sampling.top_p"),
+    (_SGLANG + ["--objective.entr.entropy_source", "behavior_topk", "--sampling.top_k", "5"],
+     "sampling.top_k"),
+    (_SGLANG + ["--objective.entr.entropy_source", "behavior_topk", "--sampling.min_p", "0.1"],
+     "sampling.min_p"),
+    (_SGLANG, "objective.entr.entropy_source"),
+    (["--objective.entr.entropy_source", "behavior_topk"], "objective.entr.entropy_source"),
+    (["--sampling.top_p", "1.5"], "sampling.top_p"),
+    (["--sampling.temperature", "0"], "sampling.temperature"),
+    (["--verifier.num_workers", "0"], "verifier.num_workers"),
+    (["--verifier.timeout_s", "0"], "verifier.timeout_s"),
+    (["--staleness.switch_window", "13"], "staleness.switch_window"),
 ])
 def test_bad_config_fails_before_any_work_naming_the_field(args, field, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -224,6 +250,16 @@ def test_cli_overrides_reach_the_config():
     cfg, resume = cli.parse(["quickstart", "--rl_steps", "7", "--objective.name", "grpo",
                              "--staleness.inter_lag", "5", "--resume"])
     assert (cfg.rl_steps, cfg.objective.name, cfg.staleness.inter_lag, resume) == (7, "grpo", 5, True)
+    cfg, _ = cli.parse(["quickstart", "--sampling.temperature", "0.7", "--sampling.top_p", "0.9",
+                        "--sampling.top_k", "20", "--sampling.min_p", "0.05",
+                        "--verifier.num_workers", "2", "--verifier.timeout_s", "3"])
+    assert (cfg.verifier.num_workers, cfg.verifier.timeout_s) == (2, 3.0)
+    job = Job(dataclasses.replace(cfg, run_dir="/nonexistent/never_written"), show_progress=False)
+    lc = job._learner_config(cfg.optim, pad_id=0)  # what the learner will score
+    assert (lc.temperature, lc.top_k, lc.top_p, lc.min_p) == (0.7, 20, 0.9, 0.05)
+    # the same filters are refused with SGLang; without them the SGLang config builds
+    cfg, _ = cli.parse(["quickstart", *_SGLANG, "--objective.entr.entropy_source", "behavior_topk"])
+    assert cfg.sampler.kind == "sglang" and cfg.objective.entr.entropy_source == "behavior_topk"
 
 
 @pytest.mark.parametrize("mode", ["simulated", "async"])
@@ -237,8 +273,10 @@ def test_main_job_drives_an_sglang_fleet(small_model_dir, tmp_path, mode):
         st = StalenessConfig(mode=mode, inter_lag=1, intra_switches=0, ring_size=1,
                              max_staleness=1)
         cfg = small_config(small_model_dir, tmp_path / mode, rl_steps=3, staleness=st)
-        cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(
-            cfg.sampler, kind="sglang", server_urls=(server.url,)))
+        cfg = dataclasses.replace(
+            cfg, sampler=dataclasses.replace(cfg.sampler, kind="sglang", server_urls=(server.url,)),
+            objective=dataclasses.replace(cfg.objective, entr=dataclasses.replace(
+                cfg.objective.entr, entropy_source="behavior_topk")))
         run(cfg)
     finally:
         server.stop()
@@ -251,6 +289,12 @@ def test_main_job_drives_an_sglang_fleet(small_model_dir, tmp_path, mode):
         assert [r["staleness/inter_max"] for r in rows] == [0, 1, 1]
     else:
         assert all(r["staleness/inter_max"] <= 1 for r in rows)
+    # the fake server reports no entropy: every policy token's entropy_mu is a top-k
+    # estimate, and the run records exactly that per batch
+    for r in rows:
+        assert r["sampler/entropy_estimated_frac"] == 1.0
+        assert r["sampler/entropy_estimated_tokens"] == round(
+            r["response/length_mean"] * 6)  # P * G = 2 * 3 trajectories
 
 
 def test_cli_main_returns_exit_status_zero(reference, small_model_dir, capsys):

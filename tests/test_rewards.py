@@ -4,6 +4,7 @@ import time
 
 import pytest
 
+import entr_jax.tasks.rewards as rewards
 from entr_jax.data.sources import load_gsm8k, load_math500
 from entr_jax.tasks.rewards import (
     MathScorer,
@@ -22,10 +23,20 @@ from entr_jax.tasks.rewards import (
 KNOWN_MATH500_DISAGREEMENTS: set[str] = set()
 
 
+_REAL_CHECK = rewards._mv_check  # bound at import, in the test process and in workers
+
+
 def _sleepy_check(gold, pred):
     """A check that never finishes in time (module-level so spawned workers import it)."""
     time.sleep(30)
     return True
+
+
+def _slow_if_marked(gold, pred):
+    """The real math-verify check, except that the answer "SLOW" never finishes in time."""
+    if pred == "SLOW":
+        time.sleep(60)
+    return _REAL_CHECK(gold, pred)
 
 
 @pytest.fixture(scope="module")
@@ -107,12 +118,33 @@ def test_math_reward_format_term(verifier):
 
 
 def test_timeout_scores_zero_and_is_counted(monkeypatch):
-    import entr_jax.tasks.rewards as rewards
-
     monkeypatch.setattr(rewards, "_mv_check", _sleepy_check)
     with MathVerifier(VerifierConfig(timeout_s=0.5, num_workers=1)) as v:
         assert v.equivalent_batch([("\\frac{1}{2}", "1/2"), ("7", "7")]) == [False, True]
-        assert (v.num_timeouts, v._pool) == (1, None)  # pool killed after the timeout
+        assert (v.num_timeouts, v.num_errors) == (1, 0)
+        assert v._pool is not None  # the pool lives on; only the worker was replaced
+
+
+def test_one_pathological_answer_times_out_alone(monkeypatch):
+    """Issue 11 item 7: 2 workers, 5 s limit, one answer that never finishes among correct
+    ones. Worker start-up is outside every answer's limit, the killed worker is replaced
+    and nothing else fails: exactly one timeout per slow answer, every correct answer
+    scored correct (before: the start-up ate the limit and 5 of 5 correct answers were
+    scored wrong)."""
+    monkeypatch.setattr(rewards, "_mv_check", _slow_if_marked)
+    correct = [("\\frac{1}{2}", "1/2"), ("\\frac{14}{3}", "4\\frac{2}{3}"),
+               ("2\\sqrt{2}", "\\sqrt{8}"), ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\pi/2)"),
+               ("x^2+1", "1+x^2")]
+    with MathVerifier(VerifierConfig(timeout_s=5.0, num_workers=2)) as v:
+        got = v.equivalent_batch(correct[:1] + [("12", "SLOW")] + correct[1:])
+        assert got == [True, False, True, True, True, True]
+        assert (v.num_timeouts, v.num_errors) == (1, 0)
+        pool = v._pool
+        # the same pool (its slow worker replaced) goes on: one more slow answer, one more
+        # timeout, the correct ones still correct
+        assert v.equivalent_batch([("12", "SLOW")] + correct) == [False] + [True] * 5
+        assert (v.num_timeouts, v.num_errors, v.num_checks) == (2, 0, 12)
+        assert v._pool is pool
 
 
 def test_config_validation():

@@ -204,6 +204,56 @@ def test_generations_match_toy_model(servers, reference):
     _assert_exactly_once(results, fakes)
 
 
+def test_entropy_provenance_is_counted(servers):
+    """Every token's entropy is either the engine's (exact) or the top-k estimate; the
+    fleet counts the estimated ones (issue 11, item 10a)."""
+    with SGLangFleet(_cfg(servers(1))) as fleet:
+        results = fleet.generate(PROMPTS, PARAMS, num_samples=2)
+        m = fleet.metrics()
+    n = sum(len(g.response_ids) for row in results for g in row)
+    assert n > 0 and m["sglang/tokens_entropy_estimated"] == m["sglang/tokens"] == n
+    engine = servers(1)
+    engine[0].engine_entropy = True
+    with SGLangFleet(_cfg(engine)) as fleet:
+        results = fleet.generate(PROMPTS, PARAMS, num_samples=2)
+        m = fleet.metrics()
+    assert m["sglang/tokens_entropy_estimated"] == 0 and m["sglang/tokens"] > 0
+    assert m["sglang/entropy_halfwidth_mean"] == 0.0
+    for prompt, row in zip(PROMPTS, results):
+        for g in row:
+            seq = list(prompt)
+            for t, tok in enumerate(g.response_ids.tolist()):
+                lp = toy_logprobs(seq[-1], 0, PARAMS.temperature)
+                assert g.entropy_mu[t] == pytest.approx(-(np.exp(lp) * lp).sum(), abs=1e-5)
+                seq.append(tok)
+
+
+# Measured error of the top-k midpoint estimate at Qwen2's V = 151,936 and K = 20 (the
+# table in docs/sglang.md section 4): logits sigma * N(0, 1) (seed 0) and Zipf p ~ r^-a.
+ESTIMATOR_TABLE = [  # (family, parameter, H, estimate - H, half-width), nats
+    ("gauss", 0.5, 11.806, -0.745, 0.869), ("gauss", 1.0, 11.428, -1.117, 1.609),
+    ("gauss", 2.0, 9.879, -0.838, 2.596), ("gauss", 3.0, 7.272, 0.090, 2.485),
+    ("gauss", 4.0, 4.426, 0.430, 1.430), ("gauss", 6.0, 1.326, 0.116, 0.199),
+    ("zipf", 0.6, 11.391, -1.741, 2.188), ("zipf", 1.0, 8.211, -0.787, 2.403),
+    ("zipf", 1.5, 3.179, 0.210, 0.692), ("zipf", 3.0, 0.679, 0.003, 0.005),
+]
+
+
+def test_entropy_estimator_error_at_qwen2_vocabulary():
+    vocab, k = 151_936, 20
+    g = np.random.default_rng(0).normal(0.0, 1.0, vocab)
+    log_rank = np.log(np.arange(1, vocab + 1))
+    for family, param, h_doc, bias_doc, half_doc in ESTIMATOR_TABLE:
+        z = param * g if family == "gauss" else -param * log_rank
+        lp = z - np.logaddexp.reduce(z)
+        h = -(np.exp(lp) * lp).sum()
+        est, lo, hi = topk_entropy_bounds(np.sort(lp)[::-1][None, :k], vocab)
+        assert lo[0] <= h <= hi[0]  # the bound holds
+        assert abs(est[0] - h) <= (hi[0] - lo[0]) / 2
+        np.testing.assert_allclose([h, est[0] - h, (hi[0] - lo[0]) / 2],
+                                   [h_doc, bias_doc, half_doc], atol=1e-3)
+
+
 @pytest.mark.parametrize("fault,counter", [
     ("503", "http_errors"), ("drop", "connection_errors"), ("malformed_json", "malformed_responses"),
     ("hang", "timeouts"), ("die", "connection_errors"),

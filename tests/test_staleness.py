@@ -122,3 +122,123 @@ def test_trajectory_staleness():
 def test_bad_config_names_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         st.StalenessConfig(**kwargs)
+
+
+# ---- measured vs configured staleness through the loop's rollout code (issue 11, item 8)
+
+class _ScheduleSampler:
+    """Stand-in `Sampler` honouring ``weight_schedule``: sample ``r`` of a call emits
+    ``lengths[r % len(lengths)]`` tokens, token ``t`` tagged with the version active at
+    decode step ``t`` (what `JaxSampler` does, without a model)."""
+
+    def __init__(self, lengths):
+        self.lengths = lengths
+        self.version = None
+
+    def update_weights(self, params, version):
+        self.version = version
+
+    def generate(self, prompts, params, num_samples=1, weight_schedule=None):
+        from entr_jax.types import Generation
+
+        out = []
+        for i, prompt in enumerate(prompts):
+            row = []
+            for j in range(num_samples):
+                n = self.lengths[(i * num_samples + j) % len(self.lengths)]
+                versions = np.full(n, self.version, np.int32)
+                for step, _, v in weight_schedule or ():
+                    versions[step:] = v
+                z = np.zeros(n, np.float32)
+                row.append(Generation(prompt_ids=np.asarray(prompt, np.int32),
+                                      response_ids=np.ones(n, np.int32), logp_mu=z, entropy_mu=z,
+                                      token_version=versions, finish_reason="stop"))
+            out.append(row)
+        return out
+
+
+def _episodes(sampler, examples, params, num_samples, group_offset):
+    from entr_jax.types import Trajectory
+
+    gens = sampler.generate([e["prompt"] for e in examples], params, num_samples)
+    return [Trajectory.from_generation(g, group_id=group_offset + i)
+            for i, row in enumerate(gens) for g in row]
+
+
+def _drive(cfg, lengths, steps=12):
+    """The loop's simulated mode (`Job._run_simulated`) on the stand-in sampler; yields
+    (step, batch, metrics, switch steps) per learner step."""
+    from entr_jax.interfaces import SamplingParams
+    from experiments import rollouts as ro
+
+    sampler, line, ring = _ScheduleSampler(lengths), st.DelayLine(cfg), st.ParamRing(cfg.ring_size)
+    ring.push(0, "w0")
+    examples = [{"prompt": [1, 2]}, {"prompt": [3]}]
+    plans = {}
+    for n in range(steps):
+        for m in line.due(n):
+            versions, switch_steps = ro.intra_versions(cfg, m, ring)
+            plans[m] = switch_steps
+            line.put(m, ro.generate_batch(sampler, _episodes, m, examples, versions,
+                                          switch_steps, ring, SamplingParams(), len(lengths) // 2))
+        batch = line.pop(n)
+        yield n, batch, ro.rollout_metrics(batch, n), plans.pop(n)
+        ring.push(n + 1, f"w{n + 1}")
+
+
+SHORT_AND_LONG = [1, 2, 3, 5, 8, 12]  # first-turn lengths; the windows below are <= 8
+
+
+@pytest.mark.parametrize("cfg", [
+    st.StalenessConfig(inter_lag=1, intra_switches=3, switch_window=8, ring_size=4, seed=1),
+    st.StalenessConfig(inter_lag=2, intra_switches=1, switch_window=4, ring_size=2),
+    st.StalenessConfig(inter_lag=0, intra_switches=2, switch_window=5, ring_size=3, seed=2),
+    st.StalenessConfig(inter_distribution="uniform", inter_lag=1, max_inter_lag=3,
+                       intra_switches=2, switch_window=6, ring_size=3, seed=3),
+])
+def test_measured_staleness_against_configured(cfg):
+    """Per trajectory, with k the batch's newest-weights lag and D its planned switches:
+    inter + intra == k + D always; inter == k and intra == D exactly when the first turn
+    realises every switch (always when it has >= switch_window tokens); otherwise
+    inter == k + u and intra == D - u with u the switches past its end. The metrics report
+    the same numbers."""
+    seen_short = seen_long = 0
+    for n, batch, m, switch_steps in _drive(cfg, SHORT_AND_LONG):
+        k = n - batch.generation_version
+        d = batch.generation_version - batch.first_version
+        assert d == len(switch_steps)
+        if n >= cfg.max_lag + cfg.intra_switches:  # past warm-up: the configured values
+            assert (k, d) == (st.inter_lag(cfg, n), cfg.intra_switches)
+        assert (m["staleness/inter_planned"], m["staleness/intra_planned"]) == (k, d)
+        unrealised = []
+        for t in batch.trajectories:
+            inter, intra = st.trajectory_staleness(n, t.token_version, t.loss_mask)
+            u = sum(s >= len(t.response_ids) for s in switch_steps)
+            assert (inter, intra) == (k + u, d - u)
+            assert inter + intra == k + d
+            if len(t.response_ids) >= cfg.switch_window:
+                assert (inter, intra) == (k, d)
+                seen_long += 1
+            seen_short += u > 0
+            unrealised.append(u)
+        assert m["staleness/unrealised_switches"] == sum(unrealised)
+        assert m["staleness/all_switches_frac"] == np.mean(np.array(unrealised) == 0)
+        assert m["staleness/total_mean"] == k + d
+    assert seen_long > 0 and seen_short > 0  # both regimes were exercised
+
+
+def test_long_responses_measure_exactly_the_configured_lags():
+    """The issue's case, inter lag 1 with 3 intra switches: with first turns at least
+    ``switch_window`` long the measured means are exactly 1 and 3 (before, the docstring
+    promised this for all responses; short ones measured inter 1.5 on average)."""
+    cfg = st.StalenessConfig(inter_lag=1, intra_switches=3, switch_window=8, ring_size=4)
+    for n, _, m, _ in _drive(cfg, [8, 9, 16, 64]):
+        if n >= 4:
+            assert (m["staleness/inter_mean"], m["staleness/inter_max"]) == (1.0, 1)
+            assert (m["staleness/intra_mean"], m["staleness/intra_max"]) == (3.0, 3)
+            assert (m["staleness/unrealised_switches"], m["staleness/all_switches_frac"]) == (0, 1.0)
+    # short responses: more inter, less intra, same total, and the metrics say so
+    rows = [m for n, _, m, _ in _drive(cfg, [1, 2, 3, 4]) if n >= 4]
+    assert all(r["staleness/inter_mean"] > 1.0 for r in rows)
+    assert all(r["staleness/inter_mean"] + r["staleness/intra_mean"] == 4.0 for r in rows)
+    assert all(r["staleness/unrealised_switches"] > 0 for r in rows)

@@ -19,7 +19,15 @@ as transcribed; ``"kept_tokens"`` follows slime PR #657). No KL, no entropy bonu
   distribution the token was sampled from.
 * ``behavior_topk``: also ``batch.entropy_mu``, where the engine could only export an
   estimate from its top-k log-probs (INFERRED stand-in; the objective cannot tell the two
-  apart, the name records what the sampler provided).
+  apart, the name records what the sampler provided). With the SGLang fleet it is the
+  midpoint of guaranteed bounds (``samplers/sglang_entropy.py``): ``|error| <=`` the
+  reported half-width; measured at V = 151,936, K = 20 the bias is -0.7 to -1.7 nats at
+  H >= 8 (flat tails are underestimated), up to +0.4 nats at moderate H, and under 0.2
+  nats below H = 2 (table in ``docs/sglang.md`` section 4), so S is scaled by
+  ``(H + eps) / (H_est + eps)``, e.g. about 1.09 at H = 10 with a -0.8 error. The main job
+  requires ``behavior_topk`` with ``sampler.kind='sglang'`` and ``behavior_full`` with the
+  embedded sampler (exact entropies), and records the number of estimated tokens per
+  batch (``sampler/entropy_estimated_tokens``).
 * ``current_full``: ``batch.entropy_pi``, the trainer-side entropy of pi at the same
   positions (INFERRED stand-in (a) of section 3.3; not the paper's definition).
 """

@@ -11,21 +11,30 @@ Equivalence (`MathVerifier`):
 2. otherwise both are wrapped as ``\\boxed{...}`` and given to ``math_verify.parse`` /
    ``math_verify.verify`` (Hugging Face math-verify) with math-verify's own signal-based
    timeouts turned off (``parsing_timeout=None``, ``timeout_seconds=None``: they rely on
-   ``signal.alarm`` and fail off the main thread). The time limit is enforced here instead:
-   checks run in a pool of spawned worker processes; a check that has not finished
-   ``timeout_s`` seconds after its wave was dispatched scores 0, is counted in
-   ``MathVerifier.num_timeouts``, and the pool is killed and restarted.
+   ``signal.alarm`` and fail off the main thread). The time limit is enforced here instead,
+   with a ``pebble.ProcessPool`` of ``num_workers`` spawned worker processes:
+
+   * a worker starts (imports math-verify and runs one warm-up check) *before* it takes
+     any answer, and each answer's ``timeout_s`` clock starts when a worker picks it up,
+     so start-up and queueing never count against an answer's limit;
+   * an answer still running after ``timeout_s`` seconds scores 0 and is counted once in
+     ``MathVerifier.num_timeouts``; only its worker is killed, and the pool replaces it
+     while the other workers go on with their answers;
+   * an exception inside math-verify, or a worker that dies, scores that answer 0 and is
+     counted in ``num_errors``.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import multiprocessing
 import re
-import time
 from fractions import Fraction
 from typing import Sequence
+
+import pebble
 
 _NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 _PLAIN_NUMBER_RE = re.compile(r"^[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d*)?$")
@@ -127,13 +136,26 @@ def _mv_check(gold: str, pred: str) -> bool:
     return bool(math_verify.verify(gold_parsed, pred_parsed, timeout_seconds=None))
 
 
+def _warm_up_worker() -> None:
+    """Worker initializer: import math-verify and run one check, so the first answer a
+    worker takes does not pay for the imports (sympy, latex2sympy) within its limit.
+
+    It never raises (a failing initializer would make the pool respawn the worker
+    forever); a broken install then shows up as an error on every answer."""
+    try:
+        _mv_check("\\frac{1}{2}", "0.5")
+    except Exception:  # noqa: BLE001 - reported per answer by the checks themselves
+        pass
+
+
 @dataclasses.dataclass(frozen=True)
 class VerifierConfig:
     """Configuration of `MathVerifier`.
 
     Attributes:
-      timeout_s: wall-clock limit per math-verify check (seconds, > 0).
-      num_workers: worker processes (>= 1).
+      timeout_s: wall-clock limit per math-verify check (seconds, > 0), counted from when a
+        worker starts on the answer (start-up and queueing excluded).
+      num_workers: worker processes checking answers in parallel (>= 1).
       fast_path: compare plain decimal numbers exactly without math-verify.
     """
 
@@ -142,19 +164,22 @@ class VerifierConfig:
     fast_path: bool = True
 
     def __post_init__(self):
-        if not self.timeout_s > 0:
-            raise ValueError(f"VerifierConfig.timeout_s must be > 0, got {self.timeout_s}")
-        if self.num_workers < 1:
-            raise ValueError(f"VerifierConfig.num_workers must be >= 1, got {self.num_workers}")
+        if isinstance(self.timeout_s, bool) or not self.timeout_s > 0:
+            raise ValueError(f"verifier.timeout_s must be > 0, got {self.timeout_s!r}")
+        if (isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int)
+                or self.num_workers < 1):
+            raise ValueError(f"verifier.num_workers must be an int >= 1, got {self.num_workers!r}")
 
 
 class MathVerifier:
     """Judges whether predicted answers equal gold answers (see the module docstring).
 
-    Counters (read them for metrics): ``num_checks``, ``num_fast_path``, ``num_timeouts``,
-    ``num_errors`` (exceptions inside math-verify; they score 0).
-    The worker pool starts lazily on the first check that needs math-verify; call
-    `close` (or use the verifier as a context manager) to stop it.
+    Counters (read them for metrics): ``num_checks``, ``num_fast_path``, ``num_timeouts``
+    (answers that ran past ``timeout_s``; they score 0), ``num_errors`` (exceptions inside
+    math-verify or a worker that died; they score 0).
+    The worker pool starts lazily on the first check that needs math-verify and lives
+    until `close` (or the end of a ``with`` block); timed-out workers are replaced inside
+    it.
     """
 
     def __init__(self, config: VerifierConfig = VerifierConfig()):
@@ -172,16 +197,17 @@ class MathVerifier:
         self.close()
 
     def close(self) -> None:
-        """Terminates the worker pool (a later check starts a new one)."""
+        """Stops the worker pool (a later check starts a new one)."""
         if self._pool is not None:
-            self._pool.terminate()
+            self._pool.stop()
             self._pool.join()
             self._pool = None
 
-    def _get_pool(self):
+    def _get_pool(self) -> pebble.ProcessPool:
         if self._pool is None:
-            ctx = multiprocessing.get_context("spawn")
-            self._pool = ctx.Pool(self.config.num_workers)
+            self._pool = pebble.ProcessPool(
+                max_workers=self.config.num_workers, initializer=_warm_up_worker,
+                context=multiprocessing.get_context("spawn"))
         return self._pool
 
     def equivalent(self, gold: str, pred: str | None) -> bool:
@@ -207,31 +233,23 @@ class MathVerifier:
                     continue
             results.append(None)
             pending.append(len(results) - 1)
-        width = self.config.num_workers
-        for start in range(0, len(pending), width):
-            wave = pending[start : start + width]
-            for i, ok in zip(wave, self._run_wave([pairs[i] for i in wave])):
-                results[i] = ok
+        if pending:
+            pool = self._get_pool()
+            futures = [pool.schedule(_mv_check, (pairs[i][0], str(pairs[i][1])),
+                                     timeout=self.config.timeout_s) for i in pending]
+            for i, future in zip(pending, futures):
+                results[i] = self._outcome(future)
         return [bool(r) for r in results]
 
-    def _run_wave(self, pairs: list[tuple[str, str]]) -> list[bool]:
-        pool = self._get_pool()
-        handles = [pool.apply_async(_mv_check, (g, str(p))) for g, p in pairs]
-        deadline = time.monotonic() + self.config.timeout_s
-        out, timed_out = [], False
-        for handle in handles:
-            try:
-                out.append(handle.get(timeout=max(0.0, deadline - time.monotonic())))
-            except multiprocessing.TimeoutError:
-                self.num_timeouts += 1
-                timed_out = True
-                out.append(False)
-            except Exception:  # noqa: BLE001 - math-verify raised: the answer scores 0
-                self.num_errors += 1
-                out.append(False)
-        if timed_out:
-            self.close()
-        return out
+    def _outcome(self, future: concurrent.futures.Future) -> bool:
+        """The verdict of one scheduled check; a timeout or an error scores 0."""
+        try:
+            return bool(future.result())
+        except TimeoutError:  # pebble killed the worker at timeout_s
+            self.num_timeouts += 1
+        except Exception:  # noqa: BLE001 - math-verify raised or the worker died
+            self.num_errors += 1
+        return False
 
 
 @dataclasses.dataclass(frozen=True)

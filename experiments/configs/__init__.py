@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from entr_jax.advantages import AdvantageConfig
+from entr_jax.objectives.entr import EntrConfig
 from entr_jax.staleness import StalenessConfig
 from entr_jax.sharding import MeshConfig
 from experiments.config import (CheckpointSpec, LearnerSpec, ModelSpec, ObjectiveSpec, RunConfig,
@@ -47,7 +48,8 @@ _GPU_COMMON = dict(
     sampler=SamplerSpec(kind="sglang", server_urls=("http://127.0.0.1:30000",)),
     sampling=SamplingSpec(temperature=1.0),
     advantages=AdvantageConfig(estimator="grpo"),
-    objective=ObjectiveSpec(name="entr"),
+    # stock SGLang reports top-k log-probs only: ENTR reads their entropy estimate
+    objective=ObjectiveSpec(name="entr", entr=EntrConfig(entropy_source="behavior_topk")),
     optim=OptimizerConfig(learning_rate=1e-6, warmup_steps=10, max_grad_norm=1.0),
     learner=LearnerSpec(microbatches=16, mesh=MeshConfig(data=1, fsdp=-1), logprob_chunk=256),
     staleness=StalenessConfig(mode="async", max_staleness=4, intra_switches=0, ring_size=1),
