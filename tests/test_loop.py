@@ -251,3 +251,148 @@ def test_killed_at_a_random_point_and_resumed_repeats_no_batch(small_model_dir, 
                           timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     assert [r["batch/id"] for r in metrics(run_dir)] == list(range(12))
+
+
+# ---------------------------------------------------------------- reference policy (KL)
+
+
+def _k3_to(job, ref_params) -> float:
+    """Mean k3 estimate of KL(pi || ref) on the first 16 demonstrations' answer tokens."""
+    from experiments.tasks import demo_trajectory
+
+    learner = job.learner
+    trajs = [demo_trajectory(d, job.tokenizer) for d in job.task.demos[:16]]
+    batch, _ = learner._device_batch(trajs, [0.0] * len(trajs))
+    logp = np.asarray(learner.logprob_fn(learner.state.params, learner.state.other, batch)[0])
+    ref = np.asarray(learner.logprob_fn(jax.device_put(ref_params, learner.shardings.params),
+                                        learner.state.other, batch)[0])
+    mask = np.asarray(batch.loss_mask)
+    x = (ref - logp)[mask]
+    return float(np.mean(np.exp(x) - x - 1.0))
+
+
+def _model_params(model_dir):
+    from entr_jax.model import from_pretrained
+
+    return nnx.split(from_pretrained(str(model_dir)), nnx.Param, ...)[1]
+
+
+@pytest.fixture(scope="module")
+def kl_runs(small_model_dir, tmp_path_factory):
+    """GRPO with kl_coef 0 and 1 (same seed, LR 1e-2, 2 mini-batches per rollout batch);
+    the kl_coef = 1 run is killed before step 3 and resumed."""
+    from entr_jax.objectives import GrpoConfig
+    from learners.optim import OptimizerConfig
+
+    out = {}
+    for coef in (0.0, 1.0):
+        d = tmp_path_factory.mktemp(f"kl{coef}")
+        q = small_config(small_model_dir, d)
+        cfg = dataclasses.replace(
+            q, objective=dataclasses.replace(q.objective, name="grpo", grpo=GrpoConfig(kl_coef=coef)),
+            optim=OptimizerConfig(learning_rate=1e-2, max_grad_norm=1.0),
+            learner=dataclasses.replace(q.learner, minibatches=2))
+        if coef > 0:
+            original = Job.learn
+
+            def crash_at_step_3(self, batch, record):
+                if record["step"] == 3:
+                    raise KeyboardInterrupt("simulated kill")
+                return original(self, batch, record)
+
+            Job.learn = crash_at_step_3
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    run(cfg)
+            finally:
+                Job.learn = original
+            job, _ = run(cfg, resume=True)
+        else:
+            job, _ = run(cfg)
+        out[coef] = (d, job)
+    return out
+
+
+def test_kl_to_the_reference_pulls_the_policy_towards_it(kl_runs, small_model_dir):
+    warm = _model_params(small_model_dir)
+    (d0, job0), (d1, job1) = kl_runs[0.0], kl_runs[1.0]
+    # the frozen reference is the warm start (model.path here), bit for bit, after --resume
+    assert job0.learner.ref_params is None and not (d0 / "reference.npz").exists()
+    for a, b in zip(jax.tree.leaves(job1.learner.ref_params), jax.tree.leaves(warm)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    kl0, kl1 = _k3_to(job0, warm), _k3_to(job1, warm)
+    assert kl0 > 1e-3  # the policy moved
+    assert kl1 < 0.5 * kl0, (kl0, kl1)
+    rows0, rows1 = metrics(d0), metrics(d1)
+    assert [r["batch/id"] for r in rows1] == [0, 1, 2, 3]
+    assert "kl/k3" in rows1[-1] and "kl/k3" not in rows0[-1]
+    # two optimizer updates per rollout batch, one policy version per rollout batch
+    assert [r["version"] for r in rows1] == [0, 1, 2, 3]
+    assert all(r["train/optimizer_steps"] == 2.0 and r["train/applied"] == 2.0 for r in rows1)
+    assert [r["staleness/inter_max"] for r in rows1] == [0, 1, 1, 1]
+
+
+def _tensorboard_scalar_tags(logdir) -> set[str]:
+    """Scalar tags in the TFRecord event files under ``logdir`` (length, crc, event, crc)."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    tags = set()
+    for path in logdir.glob("events.out.tfevents.*"):
+        data = path.read_bytes()
+        pos = 0
+        while pos + 12 <= len(data):
+            (length,) = struct.unpack("<Q", data[pos:pos + 8])
+            event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+            pos += 12 + length + 4
+            tags.update(v.tag for v in event.summary.value)
+    return tags
+
+
+def test_visibility_metrics_reach_metrics_jsonl_and_tensorboard(reference):
+    run_dir, _, _ = reference
+    row = metrics(run_dir)[-1]
+    keys = ("reward/zero_variance_group_frac", "ess/token_fraction", "ess/seq_fraction",
+            "tokens/entropy_mu_unknown", "batch/nonfinite_entropy_dropped")
+    for key in keys:
+        assert key in row, key
+    assert 0.0 <= row["reward/zero_variance_group_frac"] <= 1.0
+    assert 0.0 < row["ess/token_fraction"] <= 1.0
+    tags = _tensorboard_scalar_tags(run_dir / "tb")
+    for key in keys:
+        assert key in tags, key
+
+
+def test_rollout_metrics_zero_variance_groups():
+    from entr_jax.types import Trajectory
+    from experiments.rollouts import RolloutBatch, rollout_metrics
+
+    def traj(group, reward):
+        z = np.zeros(2)
+        return Trajectory(prompt_ids=np.ones(1, np.int32), response_ids=np.ones(2, np.int32),
+                          logp_mu=z, entropy_mu=z, token_version=np.zeros(2, np.int32),
+                          loss_mask=np.ones(2, bool), reward=reward, group_id=group)
+
+    # groups 0 and 2 have equal rewards (0, 0 and 1, 1), group 1 does not: 2 of 3
+    trajs = [traj(0, 0.0), traj(0, 0.0), traj(1, 1.0), traj(1, 0.0), traj(2, 1.0), traj(2, 1.0)]
+    m = rollout_metrics(RolloutBatch(0, 0, trajs), 0)
+    assert m["reward/zero_variance_group_frac"] == pytest.approx(2 / 3)
+
+
+def test_dr_grpo_l_norm_defaults_to_the_generation_budget():
+    from experiments.objective import build_objective
+
+    q = QUICKSTART
+    grpo = dataclasses.replace(q.objective.grpo, aggregation="seq_mean_token_sum_norm")
+    cfg = dataclasses.replace(q, objective=dataclasses.replace(q.objective, name="grpo", grpo=grpo),
+                              task=dataclasses.replace(q.task, max_new_tokens=12, max_turns=3,
+                                                       max_total_tokens=30))
+    assert build_objective(cfg).config.l_norm == 30.0  # min(12 * 3, 30)
+    cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, max_total_tokens=100))
+    assert build_objective(cfg).config.l_norm == 36.0
+    explicit = dataclasses.replace(grpo, l_norm=50.0)
+    cfg = dataclasses.replace(cfg, objective=dataclasses.replace(cfg.objective, grpo=explicit))
+    assert build_objective(cfg).config.l_norm == 50.0
+    with pytest.raises(ValueError, match="learner.minibatches"):
+        dataclasses.replace(q, learner=dataclasses.replace(q.learner, minibatches=16 * 8 + 1))
