@@ -2,8 +2,11 @@
 
 Phases of a fresh run: evaluation of the initial policy (``eval/init.json``), the optional
 supervised warm start (``sft.jsonl``), evaluation before RL (``eval/before_rl.json``),
-``rl_steps`` learner steps, evaluation after RL (``eval/after_rl.json``) and
-``summary.json``. Files are described in `experiments.rundir`.
+``rl_steps`` learner steps (each consumes one rollout batch: ``learner.minibatches x
+learner.epochs`` optimizer updates and one new policy version, ``docs/learner.md``),
+evaluation after RL (``eval/after_rl.json``) and ``summary.json``. Files are described in
+`experiments.rundir`; when the objective has a KL term, the frozen reference policy (the
+policy RL starts from) is ``reference.npz`` (`experiments.reference`).
 
 Staleness modes (`entr_jax.staleness`):
 
