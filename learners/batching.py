@@ -73,6 +73,7 @@ def make_batch(
     max_length: int | None = None,
     length: int | None = None,
     drop_nonfinite_entropy: bool = False,
+    num_minibatches: int = 1,
 ) -> tuple[Batch, dict[str, float]]:
     """Build one host (numpy) `Batch` from trajectories and per-trajectory advantages.
 
@@ -81,14 +82,21 @@ def make_batch(
       advantages: ``[N]`` float, the advantage ``A_i`` of trajectory ``i`` (e.g. from
         `entr_jax.advantages`); copied onto its loss tokens, 0 elsewhere.
       pad_id: token id used for padding (never a loss target).
-      num_microbatches: the row axis is split into this many microbatches; every array of
-        the result has a leading ``[n_micro, B / n_micro]`` pair of axes.
-      row_multiple: rows are padded up to a multiple of ``num_microbatches * row_multiple``
-        (e.g. the number of devices on the batch mesh axes). Padding rows hold a single
+      num_microbatches: ``M``, microbatches per mini-batch; every array of the result has
+        a leading ``[P * M, B / (P * M)]`` pair of axes.
+      row_multiple: the rows of each mini-batch are padded up to a multiple of
+        ``num_microbatches * row_multiple`` (e.g. the number of devices on the batch mesh
+        axes). Padding rows hold a single
         real token (``pad_id``, attention true, so no attention row is fully masked) and
         no loss tokens.
       min_length, max_length: bounds passed to `bucket_length` for ``L``.
       length: fixed ``L`` instead of bucketing (must hold the longest sequence).
+      num_minibatches: ``P >= 1`` optimizer mini-batches (`learners.step`): the episodes
+        are split into P consecutive chunks whose sizes differ by at most one (like
+        ``numpy.array_split``), chunk j fills the first rows of mini-batch j and padding
+        rows fill the rest, so every mini-batch holds its share of real rows. The result
+        then has ``P * num_microbatches`` microbatches, mini-batch j being microbatches
+        ``[j M, (j+1) M)``.
       drop_nonfinite_entropy: remove policy tokens with a non-finite ``entropy_mu`` from
         ``loss_mask`` (pass ``"entropy_mu" in objective.inputs``); otherwise they stay
         loss tokens with ``entropy_mu = 0`` and ``entropy_mu_valid = False``.
@@ -100,8 +108,8 @@ def make_batch(
       (false only on policy tokens with a non-finite entropy), ``token_version
       [M, b, T] int32`` (``-1`` off policy tokens), ``logp_prox = logp_ref = None`` and
       ``num_loss_tokens [] float32 = max(#loss tokens, 1)`` over the whole batch (for
-      reports; the learner counts its normalisers on device). ``M`` is
-      ``num_microbatches``, ``b = B / M``. ``stats`` holds floats: ``batch/num_rows``
+      reports; the learner counts its normalisers on device). ``M`` here is
+      ``num_minibatches * num_microbatches``, ``b = B / M``. ``stats`` holds floats: ``batch/num_rows``
       (real rows), ``batch/padding_rows``, ``batch/length`` (``L``),
       ``batch/num_loss_tokens`` (the true count), ``batch/nonfinite_logp_mu``,
       ``batch/nonfinite_entropy_mu`` (policy tokens with a non-finite value),
@@ -125,6 +133,9 @@ def make_batch(
         raise ValueError(f"make_batch: num_microbatches must be >= 1, got {num_microbatches}")
     if row_multiple < 1:
         raise ValueError(f"make_batch: row_multiple must be >= 1, got {row_multiple}")
+    if not 1 <= num_minibatches <= n:
+        raise ValueError(f"make_batch: num_minibatches must be in [1, {n}] (one episode per "
+                         f"mini-batch at least), got {num_minibatches}")
     for i, traj in enumerate(trajectories):
         _check_trajectory(i, traj)
 
@@ -137,7 +148,10 @@ def make_batch(
     if length < 2:
         raise ValueError(f"make_batch: length must be >= 2, got {length}")
     unit = num_microbatches * row_multiple
-    rows = -(-n // unit) * unit
+    chunks = np.array_split(np.arange(n), num_minibatches)
+    rows_per_mini = -(-len(chunks[0]) // unit) * unit
+    rows = num_minibatches * rows_per_mini
+    row_of = np.concatenate([j * rows_per_mini + np.arange(len(c)) for j, c in enumerate(chunks)])
     t_len = length - 1
 
     tokens = np.full((rows, length), pad_id, np.int32)
@@ -150,7 +164,8 @@ def make_batch(
     entropy_valid = np.ones((rows, t_len), bool)
     bad_logp = bad_entropy = bad_masked = dropped_entropy = 0
 
-    for i, traj in enumerate(trajectories):
+    for k, traj in enumerate(trajectories):
+        i = int(row_of[k])
         p, r = len(traj.prompt_ids), len(traj.response_ids)
         tokens[i, :p] = traj.prompt_ids
         tokens[i, p : p + r] = traj.response_ids
@@ -171,9 +186,11 @@ def make_batch(
         logp_mu[i, span] = np.where(keep, lp, 0.0)
         entropy_mu[i, span] = np.where(keep & finite_ent, ent, 0.0)
         entropy_valid[i, span] = ~(policy & ~finite_ent)
-        advantages_bt[i, span] = np.where(keep, adv[i], 0.0)
+        advantages_bt[i, span] = np.where(keep, adv[k], 0.0)
         token_version[i, span] = np.where(policy, np.asarray(traj.token_version, np.int32), -1)
-    attention_mask[n:, 0] = True  # padding rows: one real token, no loss
+    padding = np.ones(rows, bool)
+    padding[row_of] = False
+    attention_mask[padding, 0] = True  # padding rows: one real token, no loss
 
     count = int(loss_mask.sum())
     batch = Batch(
@@ -199,7 +216,7 @@ def make_batch(
         "batch/nonfinite_entropy_dropped": float(dropped_entropy),
         "batch/nonfinite_masked": float(bad_masked),
     }
-    return split_microbatches(batch, num_microbatches), stats
+    return split_microbatches(batch, num_minibatches * num_microbatches), stats
 
 
 def split_microbatches(batch: Batch, num_microbatches: int) -> Batch:

@@ -204,13 +204,13 @@ class Learner:
 
     def _device_batch(self, trajectories: Sequence[Trajectory], advantages,
                       minibatches: int = 1) -> tuple[Any, dict]:
-        """Host batch (`make_batch`, ``minibatches * num_microbatches`` microbatches) placed
-        on the mesh, without extra log-prob passes."""
+        """Host batch (`make_batch`: ``minibatches`` mini-batches of ``num_microbatches``
+        microbatches) placed on the mesh, without extra log-prob passes."""
         c = self.config
         rows = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         host, stats = make_batch(
-            trajectories, advantages, pad_id=c.pad_id,
-            num_microbatches=minibatches * c.num_microbatches, row_multiple=rows,
+            trajectories, advantages, pad_id=c.pad_id, num_minibatches=minibatches,
+            num_microbatches=c.num_microbatches, row_multiple=rows,
             min_length=c.min_length, max_length=c.max_length,
             drop_nonfinite_entropy=self.reads_entropy_mu,
         )

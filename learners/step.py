@@ -4,11 +4,12 @@ One call of the train step consumes one *rollout batch* (``../shared/docs/design
 "Jit and sharding"; the PPO loop of verl / AReaL / tunix):
 
 1. the rollout batch arrives microbatched, ``[P * M, b, ...]`` rows sharded over
-   ``("data", "fsdp")`` (`learners.batching.make_batch` with ``num_microbatches = P * M``);
+   ``("data", "fsdp")`` (`learners.batching.make_batch` with ``num_minibatches = P`` and
+   ``num_microbatches = M``, which gives every mini-batch its share of real rows);
    ``logp_prox`` / ``logp_ref``, when the objective reads them, were computed once for the
    whole rollout batch before the call (`make_logprob_fn`, `learners.learner`);
 2. it is split into ``P = num_minibatches`` mini-batches of consecutive rows (mini-batch
-   ``j`` holds rows ``[j B/P, (j+1) B/P)``), each an *optimizer batch* of ``M``
+   ``j`` holds microbatches ``[j M, (j+1) M)``), each an *optimizer batch* of ``M``
    microbatches; the mini-batches are visited in order, ``num_epochs`` times (the same
    order every epoch; no reshuffling), so ``K = P * num_epochs`` optimizer updates;
 3. each optimizer update accumulates the loss and gradient of its ``M`` microbatches

@@ -172,3 +172,22 @@ def test_all_masked_batch_has_unit_normaliser():
     batch, stats = make_batch([_traj([1], [2], [np.nan], [1.0], [0], [1])], [1.0], pad_id=0)
     assert stats["batch/num_loss_tokens"] == 0.0 and batch.num_loss_tokens == 1.0
     assert not batch.loss_mask.any()
+
+
+def test_minibatches_share_the_real_rows():
+    """7 episodes, 2 mini-batches, rows padded to multiples of 8 (devices): episodes 0-3 fill
+    mini-batch 0 and 4-6 mini-batch 1 (array_split), padding after each, so no mini-batch
+    is left with padding only."""
+    trajs = [_traj([1], [2 + i], [-1.0], [1.0], [0], [1]) for i in range(7)]
+    batch, stats = make_batch(trajs, np.arange(7, dtype=np.float32), pad_id=0, num_minibatches=2,
+                              num_microbatches=2, row_multiple=4, min_length=4)
+    assert batch.tokens.shape == (4, 4, 4)  # 2 mini-batches x 2 microbatches x 4 rows
+    first_target = batch.tokens.reshape(16, 4)[:, 1]
+    np.testing.assert_array_equal(first_target, [2, 3, 4, 5] + [0] * 4 + [6, 7, 8] + [0] * 5)
+    adv = batch.advantages.reshape(16, 3)[:, 0]
+    np.testing.assert_array_equal(adv, [0, 1, 2, 3] + [0] * 4 + [4, 5, 6] + [0] * 5)
+    assert batch.loss_mask.reshape(2, 8, 3).sum(axis=(1, 2)).tolist() == [4, 3]
+    assert batch.attention_mask.reshape(16, 4).sum(1).tolist() == [2] * 4 + [1] * 4 + [2] * 3 + [1] * 5
+    assert stats["batch/padding_rows"] == 9.0
+    with pytest.raises(ValueError, match="num_minibatches"):
+        make_batch(trajs[:1], [0.0], pad_id=0, num_minibatches=2)
