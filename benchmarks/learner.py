@@ -94,12 +94,12 @@ def run_entr(shape: dict, *, batch: int, length: int, steps: int, dtype: str) ->
     )
     device_batch = shard_batch(host, mesh)
     t0 = time.perf_counter()
-    state, metrics = step(state, device_batch)
+    state, metrics, _ = step(state, device_batch)
     jax.block_until_ready(metrics)
     compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     for _ in range(steps):
-        state, metrics = step(state, device_batch)
+        state, metrics, _ = step(state, device_batch)
     jax.block_until_ready(metrics)
     step_s = (time.perf_counter() - t0) / steps
     flops = _model_flops(cfg, n_matmul, batch, length)

@@ -25,6 +25,12 @@ from flax import struct
 
 FinishReason = Literal["stop", "length", "abort"]
 
+BATCH_ROW_FIELDS = (
+    "tokens", "attention_mask", "loss_mask", "advantages", "logp_mu", "entropy_mu",
+    "entropy_mu_valid", "token_version", "logp_prox", "logp_ref",
+)
+"""The `Batch` fields with a row axis (all but the scalar ``num_loss_tokens``)."""
+
 
 @dataclasses.dataclass
 class Generation:
@@ -119,14 +125,20 @@ class Batch:
       loss_mask: ``[B, T] bool`` true on policy-generated target tokens.
       advantages: ``[B, T] float32`` per-token advantage ``A_{i,t}`` (0 off the mask).
       logp_mu: ``[B, T] float32`` behavior log-prob of the target token (0 off the mask).
-      entropy_mu: ``[B, T] float32`` full-vocabulary behavior entropy (nats).
+      entropy_mu: ``[B, T] float32`` full-vocabulary behavior entropy (nats); 0 where the
+        sampler reported a non-finite value (see ``entropy_mu_valid``).
       token_version: ``[B, T] int32`` policy version that generated each target token.
-      logp_prox: ``[B, T] float32`` proximal-policy log-prob, or None when the objective
-        does not need it.
+      logp_prox: ``[B, T] float32`` proximal-policy log-prob (the policy before the first
+        optimizer update on this rollout batch), or None when the objective does not
+        need it.
       logp_ref: ``[B, T] float32`` reference-policy log-prob, or None (no KL term).
-      num_loss_tokens: ``[] float32`` number of loss tokens in the whole optimizer batch
-        (the global normaliser, computed on the host so microbatch gradients add up), or
-        None to count ``loss_mask`` of this batch.
+      num_loss_tokens: ``[] float32`` loss tokens of the batch as counted on the host (for
+        reports); the learner step counts its normalisers on device from ``loss_mask``
+        (`learners.accumulate`), or None.
+      entropy_mu_valid: ``[B, T] bool`` true where ``entropy_mu`` is a finite value from
+        the sampler, or None (all valid). Loss tokens with an unknown entropy stay in the
+        loss of objectives that do not read ``entropy_mu`` and are excluded from entropy
+        diagnostics.
     """
 
     tokens: jax.Array
@@ -139,3 +151,4 @@ class Batch:
     logp_prox: jax.Array | None = None
     logp_ref: jax.Array | None = None
     num_loss_tokens: jax.Array | None = None
+    entropy_mu_valid: jax.Array | None = None

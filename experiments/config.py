@@ -236,8 +236,14 @@ class LearnerSpec:
     """Learner step layout.
 
     Attributes:
-      microbatches: gradient-accumulation microbatches per optimizer step (divides the
-        batch).
+      microbatches: gradient-accumulation microbatches per optimizer update, a memory
+        knob: loss, gradients and metrics are the same for any value (the normalisers and
+        batch-level statistics are those of the whole optimizer batch).
+      minibatches: optimizer updates per pass over a rollout batch (PPO mini-batches; at
+        most the rollout batch's rows, ``task.prompts_per_step * task.samples_per_prompt``).
+      epochs: passes over each rollout batch (PPO epochs). With ``minibatches * epochs > 1``
+        the proximal policy of decoupled objectives (``logp_prox``, computed once per
+        rollout batch before its first update) differs from the current one.
       mesh: mesh shape (``data``, ``fsdp``, ``tensor``; ``data = -1`` takes the devices
         left over). A single device is the 1x1x1 mesh.
       max_bad_steps: stop after this many consecutive non-finite steps.
@@ -245,12 +251,16 @@ class LearnerSpec:
     """
 
     microbatches: int = 1
+    minibatches: int = 1
+    epochs: int = 1
     mesh: MeshConfig = MeshConfig()
     max_bad_steps: int = 5
     logprob_chunk: int = 128
 
     def __post_init__(self):
         _require(self.microbatches >= 1, "learner.microbatches", self.microbatches, ">= 1")
+        _require(self.minibatches >= 1, "learner.minibatches", self.minibatches, ">= 1")
+        _require(self.epochs >= 1, "learner.epochs", self.epochs, ">= 1")
         _require(self.max_bad_steps >= 1, "learner.max_bad_steps", self.max_bad_steps, ">= 1")
         _require(self.logprob_chunk >= 1, "learner.logprob_chunk", self.logprob_chunk, ">= 1")
 
@@ -275,7 +285,8 @@ class RunConfig:
       name: run name (also the default run directory ``runs/<name>``).
       run_dir: where everything is written; empty = ``runs/<name>``.
       seed: master seed (data order, sampling, initialisation of the tiny model).
-      rl_steps: learner (optimizer) steps of RL.
+      rl_steps: rollout batches RL trains on (each gives ``learner.minibatches *
+        learner.epochs`` optimizer updates and one new policy version).
       token_samples_every: store per-token (delta, entropy_mu) samples for the analysis
         notebooks every this many steps (0 = never).
     """
@@ -302,6 +313,9 @@ class RunConfig:
 
     def __post_init__(self):
         _require(self.rl_steps >= 0, "rl_steps", self.rl_steps, ">= 0")
+        rows = self.task.prompts_per_step * self.task.samples_per_prompt
+        _require(self.learner.minibatches <= rows, "learner.minibatches", self.learner.minibatches,
+                 f"<= the rollout batch's {rows} rows (task.prompts_per_step * task.samples_per_prompt)")
         _require(
             not (self.sampler.kind == "sglang" and self.staleness.mode == "simulated"
                  and self.staleness.intra_switches > 0),

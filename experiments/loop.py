@@ -2,8 +2,11 @@
 
 Phases of a fresh run: evaluation of the initial policy (``eval/init.json``), the optional
 supervised warm start (``sft.jsonl``), evaluation before RL (``eval/before_rl.json``),
-``rl_steps`` learner steps, evaluation after RL (``eval/after_rl.json``) and
-``summary.json``. Files are described in `experiments.rundir`.
+``rl_steps`` learner steps (each consumes one rollout batch: ``learner.minibatches x
+learner.epochs`` optimizer updates and one new policy version, ``docs/learner.md``),
+evaluation after RL (``eval/after_rl.json``) and ``summary.json``. Files are described in
+`experiments.rundir`; when the objective has a KL term, the frozen reference policy (the
+policy RL starts from) is ``reference.npz`` (`experiments.reference`).
 
 Staleness modes (`entr_jax.staleness`):
 
@@ -41,13 +44,14 @@ from entr_jax.data import PromptBatchIterator, PromptDataConfig
 from entr_jax.evaluation import benchmark_metrics
 from entr_jax.interfaces import SamplingParams
 from entr_jax.model import Decoder, ModelConfig, from_pretrained, save_pretrained
-from entr_jax.objectives import make_objective
 from entr_jax.staleness import DelayLine, ParamRing
 from entr_jax.tasks.rollout import run_episodes
 from entr_jax.tokenizer import Tokenizer
+from experiments import reference
 from experiments import rollouts as ro
 from experiments import state_io
 from experiments.config import RunConfig
+from experiments.objective import build_objective
 from experiments.rundir import RunDir
 from experiments.tasks import TaskBundle, build_task, demo_trajectory
 from learners.checkpoint import CheckpointManager
@@ -108,6 +112,8 @@ class Job:
             mesh=lc.mesh,
             optimizer=optimizer,
             num_microbatches=lc.microbatches,
+            num_minibatches=lc.minibatches,
+            num_epochs=lc.epochs,
             chunk_size=lc.logprob_chunk,
             temperature=self.cfg.sampling.temperature,
             top_k=self.cfg.sampling.top_k,
@@ -198,8 +204,7 @@ class Job:
         cfg = self.cfg
         self.tokenizer, self.module_fn, weights = self._policy()
         self.task: TaskBundle = build_task(cfg.task, cfg.verifier, data_dir=cfg.data.dir)
-        obj_cfg = dataclasses.asdict(cfg.objective.selected())
-        self.objective = make_objective(cfg.objective.name, **obj_cfg)
+        self.objective = build_objective(cfg)
         self.learner = Learner(
             self.module_fn,
             self._learner_config(cfg.optim, self.tokenizer.pad_token_id),
@@ -373,7 +378,8 @@ class Job:
         self.run.start(cfg.to_json())
         self.setup()
         book = self._restore() if self.resume else None
-        if book is None:
+        fresh = book is None
+        if fresh:
             for name in ("metrics.jsonl", "timing.jsonl", "sft.jsonl"):
                 (self.run / name).unlink(missing_ok=True)
             book = {"start_step": 0, "elapsed_s": 0.0, "evals": {}}
@@ -390,6 +396,7 @@ class Job:
             weights = self.learner.published_weights()
             self.ring.push(0, weights)
             self.logger.log_hparams(json.loads(cfg.to_json()))
+        reference.attach(self.learner, self.run.path, fresh=fresh, write=self.run.writer)
         self._elapsed_base = book["elapsed_s"]
         self._rl_base, self._rl_start = book.get("rl_wall_s", 0.0), time.perf_counter()
         if cfg.staleness.mode == "async":
@@ -437,6 +444,7 @@ class Job:
             "wall_clock_s": book["elapsed_s"],
             "rl_wall_clock_s": book["rl_wall_s"],
             "objective": self.cfg.objective.name,
+            "objective_config": dataclasses.asdict(self.objective.config),
             "staleness_mode": self.cfg.staleness.mode,
             "evals": {phase: book["evals"][phase]["benchmarks"] for phase in book["evals"]},
         }

@@ -149,7 +149,9 @@ def rollout_metrics(batch: RolloutBatch, version: int) -> dict[str, Any]:
     """Deterministic metrics of a rollout batch consumed at learner ``version``.
 
     Keys: ``batch/id``, ``batch/generation_version``, ``reward/mean``, ``reward/std``,
-    ``reward/correct_frac``, ``response/length_mean`` and ``/length_max`` (policy tokens),
+    ``reward/correct_frac``, ``reward/zero_variance_group_frac`` (fraction of the prompt
+    groups, by ``group_id``, whose rewards are all equal: with group-normalised advantages
+    they carry no gradient), ``response/length_mean`` and ``/length_max`` (policy tokens),
     ``response/truncated_frac``, ``staleness/inter_mean``, ``/inter_max``,
     ``/intra_mean``, ``/intra_max`` (per trajectory, ESTR section 2),
     ``staleness/inter_hist`` / ``intra_hist`` (counts of trajectories per value 0..max);
@@ -179,12 +181,17 @@ def rollout_metrics(batch: RolloutBatch, version: int) -> dict[str, Any]:
     planned = {}
     if batch.first_version is not None:
         planned["staleness/intra_planned"] = int(batch.generation_version - batch.first_version)
+    groups: dict[int, list[float]] = {}
+    for t, r in zip(trajs, rewards):
+        groups.setdefault(int(t.group_id), []).append(float(r))
+    flat = [max(g) == min(g) for g in groups.values()]
     return {
         "batch/id": batch.batch_id,
         "batch/generation_version": batch.generation_version,
         "reward/mean": float(rewards.mean()),
         "reward/std": float(rewards.std()),
         "reward/correct_frac": float(np.mean(correct)),
+        "reward/zero_variance_group_frac": float(np.mean(flat)),
         "response/length_mean": float(lengths.mean()),
         "response/length_max": int(lengths.max()),
         "response/truncated_frac": float(np.mean([bool(t.info.get("truncated")) for t in trajs])),

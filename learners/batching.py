@@ -8,9 +8,13 @@ sits at ``tokens[i, P + j]`` and every per-token array describes it at target in
 ``tokens[:, :t + 1]``, ``T = L - 1``). Prompt targets (``t < P - 1``) and padding are never
 loss tokens.
 
-Non-finite behaviour statistics from a sampler (``logp_mu`` or ``entropy_mu`` NaN/inf on a
-policy token) are counted in the returned stats, their values zeroed and the token taken
-out of ``loss_mask``: they never reach the device.
+Non-finite behaviour statistics from a sampler never reach the device: their values are
+zeroed and they are counted in the returned stats. A policy token whose ``logp_mu`` is
+NaN/inf is taken out of ``loss_mask`` (every objective reads ``logp_mu``). A policy token
+whose ``entropy_mu`` is NaN/inf is taken out of ``loss_mask`` only when
+``drop_nonfinite_entropy`` (the objective reads ``entropy_mu``: ENTR with a behavior
+entropy source); otherwise it stays a loss token and ``entropy_mu_valid`` marks its entropy
+unknown, so entropy diagnostics skip it.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from entr_jax.types import Batch, Trajectory
+from entr_jax.types import BATCH_ROW_FIELDS, Batch, Trajectory
 
 __all__ = ["bucket_length", "make_batch", "split_microbatches"]
 
@@ -68,6 +72,8 @@ def make_batch(
     min_length: int = 16,
     max_length: int | None = None,
     length: int | None = None,
+    drop_nonfinite_entropy: bool = False,
+    num_minibatches: int = 1,
 ) -> tuple[Batch, dict[str, float]]:
     """Build one host (numpy) `Batch` from trajectories and per-trajectory advantages.
 
@@ -76,26 +82,39 @@ def make_batch(
       advantages: ``[N]`` float, the advantage ``A_i`` of trajectory ``i`` (e.g. from
         `entr_jax.advantages`); copied onto its loss tokens, 0 elsewhere.
       pad_id: token id used for padding (never a loss target).
-      num_microbatches: the row axis is split into this many microbatches; every array of
-        the result has a leading ``[n_micro, B / n_micro]`` pair of axes.
-      row_multiple: rows are padded up to a multiple of ``num_microbatches * row_multiple``
-        (e.g. the number of devices on the batch mesh axes). Padding rows hold a single
+      num_microbatches: ``M``, microbatches per mini-batch; every array of the result has
+        a leading ``[P * M, B / (P * M)]`` pair of axes.
+      row_multiple: the rows of each mini-batch are padded up to a multiple of
+        ``num_microbatches * row_multiple`` (e.g. the number of devices on the batch mesh
+        axes). Padding rows hold a single
         real token (``pad_id``, attention true, so no attention row is fully masked) and
         no loss tokens.
       min_length, max_length: bounds passed to `bucket_length` for ``L``.
       length: fixed ``L`` instead of bucketing (must hold the longest sequence).
+      num_minibatches: ``P >= 1`` optimizer mini-batches (`learners.step`): the episodes
+        are split into P consecutive chunks whose sizes differ by at most one (like
+        ``numpy.array_split``), chunk j fills the first rows of mini-batch j and padding
+        rows fill the rest, so every mini-batch holds its share of real rows. The result
+        then has ``P * num_microbatches`` microbatches, mini-batch j being microbatches
+        ``[j M, (j+1) M)``.
+      drop_nonfinite_entropy: remove policy tokens with a non-finite ``entropy_mu`` from
+        ``loss_mask`` (pass ``"entropy_mu" in objective.inputs``); otherwise they stay
+        loss tokens with ``entropy_mu = 0`` and ``entropy_mu_valid = False``.
 
     Returns:
       ``(batch, stats)``. ``batch`` fields are numpy: ``tokens [M, b, L] int32``,
       ``attention_mask [M, b, L] bool``, ``loss_mask [M, b, T] bool``, ``advantages``,
-      ``logp_mu``, ``entropy_mu [M, b, T] float32``, ``token_version [M, b, T] int32``
-      (``-1`` off policy tokens), ``logp_prox = logp_ref = None`` and
-      ``num_loss_tokens [] float32 = max(#loss tokens, 1)`` over the whole batch (the
-      global normaliser; ``max(., 1)`` keeps an all-masked batch finite). ``M`` is
-      ``num_microbatches``, ``b = B / M``. ``stats`` holds floats: ``batch/num_rows``
+      ``logp_mu``, ``entropy_mu [M, b, T] float32``, ``entropy_mu_valid [M, b, T] bool``
+      (false only on policy tokens with a non-finite entropy), ``token_version
+      [M, b, T] int32`` (``-1`` off policy tokens), ``logp_prox = logp_ref = None`` and
+      ``num_loss_tokens [] float32 = max(#loss tokens, 1)`` over the whole batch (for
+      reports; the learner counts its normalisers on device). ``M`` here is
+      ``num_minibatches * num_microbatches``, ``b = B / M``. ``stats`` holds floats: ``batch/num_rows``
       (real rows), ``batch/padding_rows``, ``batch/length`` (``L``),
       ``batch/num_loss_tokens`` (the true count), ``batch/nonfinite_logp_mu``,
-      ``batch/nonfinite_entropy_mu`` (policy tokens with a non-finite value) and
+      ``batch/nonfinite_entropy_mu`` (policy tokens with a non-finite value),
+      ``batch/nonfinite_entropy_dropped`` (policy tokens with a finite ``logp_mu`` removed
+      from the loss for their entropy; 0 unless ``drop_nonfinite_entropy``) and
       ``batch/nonfinite_masked`` (policy tokens removed from the loss for either reason).
 
     Raises:
@@ -114,6 +133,9 @@ def make_batch(
         raise ValueError(f"make_batch: num_microbatches must be >= 1, got {num_microbatches}")
     if row_multiple < 1:
         raise ValueError(f"make_batch: row_multiple must be >= 1, got {row_multiple}")
+    if not 1 <= num_minibatches <= n:
+        raise ValueError(f"make_batch: num_minibatches must be in [1, {n}] (one episode per "
+                         f"mini-batch at least), got {num_minibatches}")
     for i, traj in enumerate(trajectories):
         _check_trajectory(i, traj)
 
@@ -126,7 +148,10 @@ def make_batch(
     if length < 2:
         raise ValueError(f"make_batch: length must be >= 2, got {length}")
     unit = num_microbatches * row_multiple
-    rows = -(-n // unit) * unit
+    chunks = np.array_split(np.arange(n), num_minibatches)
+    rows_per_mini = -(-len(chunks[0]) // unit) * unit
+    rows = num_minibatches * rows_per_mini
+    row_of = np.concatenate([j * rows_per_mini + np.arange(len(c)) for j, c in enumerate(chunks)])
     t_len = length - 1
 
     tokens = np.full((rows, length), pad_id, np.int32)
@@ -136,9 +161,11 @@ def make_batch(
     logp_mu = np.zeros((rows, t_len), np.float32)
     entropy_mu = np.zeros((rows, t_len), np.float32)
     token_version = np.full((rows, t_len), -1, np.int32)
-    bad_logp = bad_entropy = bad_masked = 0
+    entropy_valid = np.ones((rows, t_len), bool)
+    bad_logp = bad_entropy = bad_masked = dropped_entropy = 0
 
-    for i, traj in enumerate(trajectories):
+    for k, traj in enumerate(trajectories):
+        i = int(row_of[k])
         p, r = len(traj.prompt_ids), len(traj.response_ids)
         tokens[i, :p] = traj.prompt_ids
         tokens[i, p : p + r] = traj.response_ids
@@ -150,14 +177,20 @@ def make_batch(
         finite_lp, finite_ent = np.isfinite(lp), np.isfinite(ent)
         bad_logp += int(np.sum(policy & ~finite_lp))
         bad_entropy += int(np.sum(policy & ~finite_ent))
-        keep = policy & finite_lp & finite_ent
+        keep = policy & finite_lp
+        if drop_nonfinite_entropy:
+            dropped_entropy += int(np.sum(keep & ~finite_ent))
+            keep = keep & finite_ent
         bad_masked += int(np.sum(policy & ~keep))
         loss_mask[i, span] = keep
         logp_mu[i, span] = np.where(keep, lp, 0.0)
-        entropy_mu[i, span] = np.where(keep, ent, 0.0)
-        advantages_bt[i, span] = np.where(keep, adv[i], 0.0)
+        entropy_mu[i, span] = np.where(keep & finite_ent, ent, 0.0)
+        entropy_valid[i, span] = ~(policy & ~finite_ent)
+        advantages_bt[i, span] = np.where(keep, adv[k], 0.0)
         token_version[i, span] = np.where(policy, np.asarray(traj.token_version, np.int32), -1)
-    attention_mask[n:, 0] = True  # padding rows: one real token, no loss
+    padding = np.ones(rows, bool)
+    padding[row_of] = False
+    attention_mask[padding, 0] = True  # padding rows: one real token, no loss
 
     count = int(loss_mask.sum())
     batch = Batch(
@@ -171,6 +204,7 @@ def make_batch(
         logp_prox=None,
         logp_ref=None,
         num_loss_tokens=np.float32(max(count, 1)),
+        entropy_mu_valid=entropy_valid,
     )
     stats = {
         "batch/num_rows": float(n),
@@ -179,9 +213,10 @@ def make_batch(
         "batch/num_loss_tokens": float(count),
         "batch/nonfinite_logp_mu": float(bad_logp),
         "batch/nonfinite_entropy_mu": float(bad_entropy),
+        "batch/nonfinite_entropy_dropped": float(dropped_entropy),
         "batch/nonfinite_masked": float(bad_masked),
     }
-    return split_microbatches(batch, num_microbatches), stats
+    return split_microbatches(batch, num_minibatches * num_microbatches), stats
 
 
 def split_microbatches(batch: Batch, num_microbatches: int) -> Batch:
@@ -206,19 +241,4 @@ def split_microbatches(batch: Batch, num_microbatches: int) -> Batch:
         x = np.asarray(x)
         return x.reshape((num_microbatches, rows // num_microbatches) + x.shape[1:])
 
-    return batch.replace(
-        **{
-            name: split(getattr(batch, name))
-            for name in (
-                "tokens",
-                "attention_mask",
-                "loss_mask",
-                "advantages",
-                "logp_mu",
-                "entropy_mu",
-                "token_version",
-                "logp_prox",
-                "logp_ref",
-            )
-        }
-    )
+    return batch.replace(**{name: split(getattr(batch, name)) for name in BATCH_ROW_FIELDS})

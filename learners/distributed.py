@@ -28,15 +28,12 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from entr_jax.sharding import batch_sharding, replicated
-from entr_jax.types import Batch
+from entr_jax.types import BATCH_ROW_FIELDS, Batch
 
 __all__ = ["global_sum", "initialize", "is_main_process", "shard_batch"]
 
 _ENV = ("ENTR_COORDINATOR_ADDRESS", "ENTR_NUM_PROCESSES", "ENTR_PROCESS_ID")
-_BATCH_FIELDS = (
-    "tokens", "attention_mask", "loss_mask", "advantages", "logp_mu", "entropy_mu",
-    "token_version", "logp_prox", "logp_ref",
-)
+_BATCH_FIELDS = BATCH_ROW_FIELDS
 
 
 def initialize(env: Mapping[str, str] | None = None) -> bool:

@@ -1,10 +1,14 @@
 """The learner: state + compiled steps + checkpoints + logging behind a small host API.
 
-`Learner.train_on(trajectories, advantages)` builds the batch on the host
-(`learners.batching`), places it on the mesh (`learners.distributed.shard_batch`), fills
-``logp_prox`` / ``logp_ref`` when the objective needs them (`learners.step.make_logprob_fn`),
-dispatches the jitted step, then fetches and logs the *previous* step's metrics
-(`learners.logging.DeferredMetrics`) and feeds them to `NonFiniteGuard`.
+`Learner.train_on(trajectories, advantages)` consumes one rollout batch: it builds the
+batch on the host (`learners.batching`), places it on the mesh
+(`learners.distributed.shard_batch`), fills ``logp_prox`` (the current weights, i.e. the
+policy before this rollout batch's first update) and ``logp_ref`` (the frozen reference
+set with `Learner.set_reference`) once, when the objective reads them
+(``objective.inputs``, `learners.step.make_logprob_fn`), dispatches the jitted step
+(``num_minibatches x num_epochs`` optimizer updates, `learners.step.make_train_step`),
+then fetches and logs the *previous* call's metrics (`learners.logging.DeferredMetrics`)
+and feeds them to `NonFiniteGuard`.
 """
 
 from __future__ import annotations
@@ -32,8 +36,6 @@ from learners.step import make_logprob_fn, make_train_step
 
 __all__ = ["Learner", "LearnerConfig", "NonFiniteError", "NonFiniteGuard"]
 
-_PROX_OBJECTIVES = ("decoupled_ppo", "tis")
-
 
 class NonFiniteError(RuntimeError):
     """Raised after too many consecutive steps with a non-finite loss or gradient."""
@@ -42,7 +44,10 @@ class NonFiniteError(RuntimeError):
 class NonFiniteGuard:
     """Host-side stop rule: ``max_consecutive`` skipped steps in a row raise `NonFiniteError`.
 
-    Fed the host metrics of each step (``train/skipped``, ``loss``, ``train/grad_norm``).
+    Fed the host metrics of each call (``train/skipped``, ``train/applied``, ``loss``,
+    ``train/grad_norm``). A call counts as skipped when it had a non-finite loss or
+    gradient and applied no update (with one optimizer update per call: that update was
+    skipped).
     """
 
     def __init__(self, max_consecutive: int):
@@ -54,7 +59,7 @@ class NonFiniteGuard:
 
     def update(self, step: int, metrics: Mapping[str, float]) -> None:
         """Count a skipped step or reset the run; raise on the ``max_consecutive``-th in a row."""
-        if metrics.get("train/skipped", 0.0) < 0.5:
+        if metrics.get("train/skipped", 0.0) < 0.5 or metrics.get("train/applied", 0.0) >= 0.5:
             self.consecutive = 0
             return
         self.consecutive += 1
@@ -75,7 +80,14 @@ class LearnerConfig:
     Attributes:
       mesh: device mesh shape.
       optimizer: AdamW / clipping / schedule.
-      num_microbatches: gradient-accumulation microbatches per optimizer step (>= 1).
+      num_microbatches: gradient-accumulation microbatches per optimizer update (>= 1);
+        a memory knob: loss, gradient and metrics do not depend on it.
+      num_minibatches: optimizer updates per pass over a rollout batch (>= 1; PPO's
+        mini-batches, verl ``ppo_mini_batch_size``, AReaL ``ppo_n_minibatches``).
+      num_epochs: passes over each rollout batch (>= 1; PPO epochs, verl ``ppo_epochs``,
+        tunix ``num_iterations``). ``logp_prox`` is computed once per rollout batch before
+        the first update, so with more than one update per rollout batch decoupled
+        objectives see ``pi != prox``.
       chunk_size: sequence chunk of the log-prob computation (>= 1).
       temperature: sampling temperature the behaviour log-probs were taken at (> 0).
       top_k, top_p, min_p: the sampler's filters (-1 / 1 / 0 = off, as in
@@ -91,6 +103,8 @@ class LearnerConfig:
     mesh: MeshConfig = MeshConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
     num_microbatches: int = 1
+    num_minibatches: int = 1
+    num_epochs: int = 1
     chunk_size: int = 128
     temperature: float = 1.0
     top_k: int = -1
@@ -103,7 +117,8 @@ class LearnerConfig:
     seed: int = 0
 
     def __post_init__(self):
-        for name in ("num_microbatches", "chunk_size", "min_length", "max_consecutive_nonfinite"):
+        for name in ("num_microbatches", "num_minibatches", "num_epochs", "chunk_size", "min_length",
+                     "max_consecutive_nonfinite"):
             if getattr(self, name) < 1:
                 raise ValueError(f"LearnerConfig.{name} must be >= 1, got {getattr(self, name)}")
         if not self.temperature > 0:
@@ -125,7 +140,8 @@ class Learner:
       logdir: metrics directory (tensorboard + ``metrics.jsonl``), or None.
       checkpoint: a `CheckpointManager`, or None.
       devices: devices of the mesh (default: all).
-      ref_params: reference parameters for ``logp_ref`` (same structure as the policy's).
+      ref_params: frozen reference parameters for ``logp_ref`` (same structure as the
+        policy's), or None; can be set later with `set_reference`.
     """
 
     def __init__(
@@ -151,17 +167,20 @@ class Learner:
         if objective is not None:
             self.rl_step = make_train_step(
                 "rl", self.tx, self.shardings, self.mesh, objective=objective,
-                lr_schedule=schedule, **kw,
+                lr_schedule=schedule, num_minibatches=config.num_minibatches,
+                num_epochs=config.num_epochs, **kw,
             )
         self.sft_step = make_train_step("sft", self.tx, self.shardings, self.mesh,
                                         lr_schedule=schedule, **kw)
         self.logprob_fn = make_logprob_fn(self.shardings, self.mesh, **kw)
-        name = getattr(objective, "name", "")
-        self.needs_prox = name in _PROX_OBJECTIVES
-        self.needs_ref = getattr(getattr(objective, "config", None), "kl_coef", 0.0) > 0
-        if self.needs_ref and ref_params is None:
-            raise ValueError(f"objective {name!r} has kl_coef > 0 and needs ref_params")
-        self.ref_params = ref_params
+        inputs = getattr(objective, "inputs", frozenset())
+        self.needs_prox = "logp_prox" in inputs
+        self.needs_ref = "logp_ref" in inputs
+        self.reads_entropy_mu = "entropy_mu" in inputs
+        self.ref_params = None
+        if ref_params is not None:
+            self.set_reference(ref_params)
+        self.last_update_metrics: dict[str, Any] | None = None
         self.checkpoint = checkpoint
         self.logger = MetricsLogger(logdir) if logdir is not None else None
         self.deferred = DeferredMetrics()
@@ -179,6 +198,12 @@ class Learner:
         opt_state = jax.jit(self.tx.init, out_shardings=self.shardings.opt_state)(params)
         self.state = self.state.replace(params=params, opt_state=opt_state)
 
+    def set_reference(self, params: nnx.State) -> None:
+        """Freeze ``params`` (the `nnx.Param` state of the same module) as the reference
+        policy of ``logp_ref``; a copy is placed into the parameter shardings, so later
+        updates of the policy never change it."""
+        self.ref_params = jax.tree.map(jnp.copy, jax.device_put(params, self.shardings.params))
+
     def published_weights(self) -> nnx.State:
         """A copy of the full module state (params and buffers) for samplers.
 
@@ -187,22 +212,35 @@ class Learner:
         """
         return jax.tree.map(jnp.copy, nnx.state(self.state.model()))
 
-    def _device_batch(self, trajectories: Sequence[Trajectory], advantages) -> tuple[Any, dict]:
-        """Host batch (`make_batch`) placed on the mesh, without extra log-prob passes."""
+    def _device_batch(self, trajectories: Sequence[Trajectory], advantages,
+                      minibatches: int = 1) -> tuple[Any, dict]:
+        """Host batch (`make_batch`: ``minibatches`` mini-batches of ``num_microbatches``
+        microbatches) placed on the mesh, without extra log-prob passes."""
         c = self.config
         rows = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         host, stats = make_batch(
-            trajectories, advantages, pad_id=c.pad_id, num_microbatches=c.num_microbatches,
-            row_multiple=rows, min_length=c.min_length, max_length=c.max_length,
+            trajectories, advantages, pad_id=c.pad_id, num_minibatches=minibatches,
+            num_microbatches=c.num_microbatches, row_multiple=rows,
+            min_length=c.min_length, max_length=c.max_length,
+            drop_nonfinite_entropy=self.reads_entropy_mu,
         )
         return shard_batch(host, self.mesh), stats
 
     def prepare(self, trajectories: Sequence[Trajectory], advantages) -> tuple[Any, dict]:
-        """Host batch -> device batch (with ``logp_prox``/``logp_ref`` when needed) + stats."""
-        batch, stats = self._device_batch(trajectories, advantages)
+        """Host batch -> device batch (with ``logp_prox``/``logp_ref`` when the objective
+        reads them, computed once for the whole rollout batch) + stats.
+
+        Raises:
+          ValueError: the objective reads ``logp_ref`` and no reference was set.
+        """
+        batch, stats = self._device_batch(trajectories, advantages, self.config.num_minibatches)
         if self.needs_prox:
             batch = batch.replace(logp_prox=self.logprob_fn(self.state.params, self.state.other, batch)[0])
         if self.needs_ref:
+            if self.ref_params is None:
+                name = getattr(self.objective, "name", "the objective")
+                raise ValueError(f"{name} reads logp_ref (kl_coef > 0) but the learner has no "
+                                 "reference policy: call Learner.set_reference first")
             batch = batch.replace(logp_ref=self.logprob_fn(self.ref_params, self.state.other, batch)[0])
         return batch, stats
 
@@ -222,7 +260,7 @@ class Learner:
 
     def _run(self, step_fn, batch, stats) -> dict[str, float] | None:
         step_index = int(jax.device_get(self.state.step))
-        self.state, metrics = step_fn(self.state, batch)
+        self.state, metrics, self.last_update_metrics = step_fn(self.state, batch)
         previous = self.deferred.push(step_index, dict(metrics, **stats))
         return self._consume(previous)
 
@@ -238,7 +276,10 @@ class Learner:
         return host
 
     def train_on(self, trajectories: Sequence[Trajectory], advantages) -> dict[str, float] | None:
-        """One RL step. Returns the *previous* step's host metrics (None on the first)."""
+        """Train on one rollout batch (``num_minibatches x num_epochs`` optimizer updates;
+        ``version`` advances by one if any was applied). Returns the *previous* call's host
+        metrics (None on the first); the per-update metrics of this call stay on device in
+        ``last_update_metrics`` (``[K]`` arrays)."""
         if self.rl_step is None:
             raise ValueError("Learner.train_on needs an objective")
         batch, stats = self.prepare(trajectories, advantages)

@@ -31,9 +31,11 @@ class TrainState:
       params: `nnx.State` of the `nnx.Param` variables (the trained weights).
       other: `nnx.State` of every other variable of the module (buffers), not trained.
       opt_state: optax state of ``make_optimizer(...)`` over ``params``.
-      version: ``[] int32`` policy version: the number of optimizer updates applied
-        (skipped non-finite steps do not count). Tokens sampled with these weights carry
-        this version; ``staleness = version - token_version``.
+      version: ``[] int32`` policy version: the number of train-step calls (rollout
+        batches) in which at least one optimizer update was applied, i.e. weight
+        publications. Tokens sampled with these weights carry this version;
+        ``staleness = version - token_version`` (in rollout batches). The number of
+        optimizer updates is the optimizer's own ``count`` (it drives the schedule).
       step: ``[] int32`` number of step calls (applied or skipped).
       rng: ``[2] uint32`` raw PRNG key (``jax.random.PRNGKey`` layout), split by the step
         for anything stochastic and checkpointed with the state.

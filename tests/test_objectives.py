@@ -194,8 +194,9 @@ def test_grpo_golden_seq_mean():
     assert abs(m["ratio_pi_mu/mean"] - 1.033006) < TOL and abs(m["ratio_pi_mu/max"] - 1.648721) < TOL
     # Dr.GRPO: sum over tokens / (G * l_norm) = (-3.045989 + 1.8)/(2 * 4) = -0.155749
     assert abs(value_grad("grpo", lp, b, aggregation="seq_mean_token_sum_norm", l_norm=4.0)[0] - (-0.155749)) < TOL
-    # l_norm None -> T = 3: -1.245989/6
-    assert abs(value_grad("grpo", lp, b, aggregation="seq_mean_token_sum_norm")[0] - (-0.207665)) < TOL
+    # l_norm None is refused: the padded width would make the loss follow the pad bucket
+    with pytest.raises(ValueError, match="l_norm"):
+        value_grad("grpo", lp, b, aggregation="seq_mean_token_sum_norm")
 
 
 def test_grpo_k3_kl_golden():
@@ -242,9 +243,13 @@ def test_tis_golden():
     # sequence: w = min(e^(.2-.1+1) = 3.004166, 2) = 2 on every token:
     # l = 2 * [-1.105171, 1.349859, -1] -> -1.510624/3 = -0.503541
     assert abs(value_grad("tis", lp, b, level="sequence")[0] - (-0.503541)) < TOL
-    # bypass (no prox): w = 1, PPO on pi/mu with r = [e^.3, e^.2, e^1]:
-    # [-1.2, +1.221403, -1.2] -> -1.178597/3 = -0.392866
-    assert abs(value_grad("tis", lp, ns(b.logp_mu, b.advantages))[0] - (-0.392866)) < TOL
+    # bypass (prox := mu, the given prox is ignored): w = 1, PPO on pi/mu with
+    # r = [e^.3, e^.2, e^1]: [-1.2, +1.221403, -1.2] -> -1.178597/3 = -0.392866
+    loss_b, m_b, _ = value_grad("tis", lp, b, ratio_mode="bypass")
+    assert abs(loss_b - (-0.392866)) < TOL
+    assert m_b["ratio_mode/decoupled"] == 0.0 and value_grad("tis", lp, b)[1]["ratio_mode/decoupled"] == 1.0
+    with pytest.raises(ValueError, match="ratio_mode='decoupled' needs batch.logp_prox"):
+        value_grad("tis", lp, ns(b.logp_mu, b.advantages))
 
 
 def test_icepop_golden():
@@ -260,7 +265,11 @@ def test_icepop_golden():
     # decoupled: prox = mu + d, pi = prox + .1: w = [-, 1, -, 1.1], u = e^.1 = 1.105171
     # -1.105171 + 1.1 * 1.105171 = .110517 -> /4 = .027629
     b2 = ns(mu, [[1.0, 1.0, 1.0, -1.0]], logp_prox=mu + d)
-    assert abs(value_grad("icepop", mu + d + 0.1, b2)[0] - 0.027629) < TOL
+    loss_d, m_d, _ = value_grad("icepop", mu + d + 0.1, b2, ratio_mode="decoupled")
+    assert abs(loss_d - 0.027629) < TOL
+    assert m_d["ratio_mode/decoupled"] == 1.0 and m["ratio_mode/decoupled"] == 0.0
+    # bypass ignores a given prox: the golden above again
+    assert abs(value_grad("icepop", mu + d, b2)[0] - 0.025) < TOL
 
 
 def test_kpop_golden():
@@ -322,6 +331,7 @@ def test_trm_golden():
     assert abs(loss - (-0.461497)) < TOL
     np.testing.assert_allclose(g, [[-1.105171 / 4, -0.740818 / 4], [0.0, 0.0]], atol=TOL)
     assert abs(m["mask/seq_fraction"] - 0.5) < TOL and abs(m["mask/fraction"] - 0.5) < TOL
+    assert m["trm/seq_rejected/count"] == 1.0 and m["trm/seq_rejected/fraction"] == 0.5
 
 
 def test_vespo_golden():
@@ -337,6 +347,54 @@ def test_vespo_golden():
     _, m2, g2 = value_grad("vespo", lp, ns(mu, [[-1.0, -1.0]]))
     np.testing.assert_allclose(g2, [[0.610874, 0.610874]], atol=TOL)
     assert abs(m2["vespo/phi_mean"] - 1.221747) < TOL
+
+
+def test_vespo_counts_zeroed_sequences():
+    # row0: 1000 tokens, delta +0.012 each: log W = 12, phi = exp(24 + 3(1 - e^12)) = 0 in f32
+    # row1: 2 tokens, delta 0: phi = 1. One of two sequences zeroed out.
+    mu = jnp.full((2, 1000), -1.0)
+    mask = jnp.zeros((2, 1000), bool).at[0].set(True).at[1, :2].set(True)
+    lp = mu + jnp.where(jnp.arange(2)[:, None] == 0, 0.012, 0.0)
+    loss, m, g = value_grad("vespo", lp, ns(mu, jnp.ones((2, 1000)), mask))
+    assert m["vespo/seq_zeroed/count"] == 1.0 and m["vespo/seq_zeroed/fraction"] == 0.5
+    assert np.all(g[0] == 0.0)  # only row1 learns: -phi A / N with N = 1002 loss tokens
+    np.testing.assert_allclose(g[1, :2], -1 / 1002, rtol=1e-6)
+    assert m["vespo/phi_mean"] == pytest.approx(2 / 1002, rel=1e-5)
+
+
+def test_icepop_decoupled_keeps_ratios_in_band_with_positive_advantage():
+    # prox/mu = k = [1.5, 3] (in [0.5, 5]), A = +1, pi = prox (first update of a rollout
+    # batch). Decoupled: l = -k * min(u A, clip(u) A), u = 1: l = -[1.5, 3], seq mean
+    # -2.25, grad -k/2 = [-.75, -1.5]. Bypass (ratio pi/mu = k, clipped at 1.2 for A > 0):
+    # l = -[1.2, 1.2], loss -1.2 and no gradient: the tokens are effectively dropped.
+    mu = jnp.full((1, 2), -2.0)
+    prox = mu + jnp.log(jnp.array([[1.5, 3.0]]))
+    b = ns(mu, [[1.0, 1.0]], logp_prox=prox)
+    loss, m, g = value_grad("icepop", prox, b, ratio_mode="decoupled")
+    assert loss == pytest.approx(-2.25, abs=TOL) and m["mask/fraction"] == 0.0
+    np.testing.assert_allclose(g, [[-0.75, -1.5]], atol=TOL)
+    assert m["is_weight/max"] == pytest.approx(3.0, rel=1e-5)
+    loss_b, _, g_b = value_grad("icepop", prox, b)
+    assert loss_b == pytest.approx(-1.2, abs=TOL) and np.all(g_b == 0.0)
+    # KPop decoupled reads prox the same way and refuses a batch without it
+    _, mk, _ = value_grad("kpop", prox, b, ratio_mode="decoupled")
+    assert mk["ratio_mode/decoupled"] == 1.0
+    with pytest.raises(ValueError, match="KPopConfig.ratio_mode='decoupled'"):
+        value_grad("kpop", prox, ns(mu, [[1.0, 1.0]]), ratio_mode="decoupled")
+
+
+def test_objectives_declare_the_inputs_they_read():
+    assert obj.make_objective("entr").inputs == {"entropy_mu"}
+    assert obj.make_objective("entr", entropy_source="current_full").inputs == {"entropy_pi"}
+    assert obj.make_objective("grpo").inputs == frozenset()
+    assert obj.make_objective("grpo", kl_coef=0.04).inputs == {"logp_ref"}
+    assert obj.make_objective("decoupled_ppo").inputs == {"logp_prox"}
+    assert obj.make_objective("icepop").inputs == frozenset()
+    assert obj.make_objective("kpop", ratio_mode="decoupled").inputs == {"logp_prox"}
+    assert obj.make_objective("tis", ratio_mode="bypass").inputs == frozenset()
+    with_stats = {n for n in obj.OBJECTIVES if obj.make_objective(n).batch_stats is not None}
+    assert with_stats == {"m2po", "sat"}
+    assert obj.make_objective("icepop", aggregation="token_mean_kept").batch_stats is not None
 
 
 def test_sat_golden():

@@ -11,11 +11,22 @@ frozen config dataclass; `OBJECTIVES` maps a method name to ``(fn, ConfigClass)`
 
 ``logp_pi`` is ``[B, T]`` float (cast to f32); ``batch`` is read only through the
 attributes ``logp_mu``, ``entropy_mu``, ``logp_prox``, ``logp_ref``, ``advantages``,
-``loss_mask`` and ``num_loss_tokens`` (plus ``entropy_pi`` for ENTR's ``current_full``),
-optional ones via ``getattr(batch, name, None)``. ``loss`` is a f32 scalar to minimise;
-``metrics`` a flat dict of f32 scalars with slash keys. Gates are exported as pure
-functions returning boolean keep-masks (`entr_mask`, `icepop_mask`, `kpop_mask`,
-`m2po_mask`, `trm_mask`) and SAT's contraction factors (`sat_clip_factors`).
+``loss_mask``, the optimizer-batch normalisers ``num_loss_tokens`` and ``num_sequences``
+and ``batch_stats`` (plus ``entropy_pi`` for ENTR's ``current_full``), optional ones via
+``getattr(batch, name, None)``. ``loss`` is a f32 scalar to minimise; ``metrics`` a flat
+dict of f32 scalars with slash keys. Gates are exported as pure functions returning
+boolean keep-masks (`entr_mask`, `icepop_mask`, `kpop_mask`, `m2po_mask`, `trm_mask`) and
+SAT's contraction factors (`sat_clip_factors`).
+
+Exact gradient accumulation (`aggregation`): a loss is ``sum_{i,t} w l / D`` with ``D`` a
+normaliser of the whole optimizer batch. The policy-independent normalisers
+(``num_loss_tokens``, ``num_sequences``) are counted by the learner before the microbatch
+loop; statistics of the current policy over the whole optimizer batch (M2PO's mask, SAT's
+quantile, the kept-token count of ``token_mean_kept``) come from `BATCH_STATS`: the
+learner evaluates ``BATCH_STATS[name](logp_pi, batch, cfg)`` on the whole optimizer batch
+and hands each microbatch ``batch.batch_stats`` (``[B, ...]`` entries sliced to its rows).
+Without them an objective computes everything on the batch it is given, which is the same
+value when that is the whole batch.
 """
 
 from __future__ import annotations
@@ -26,8 +37,8 @@ from typing import Any, Callable
 import jax
 
 from entr_jax.objectives.aggregation import AGGREGATIONS, ObjectiveConfig, aggregate
-from entr_jax.objectives.decoupled import DecoupledPpoConfig, TisConfig, decoupled_ppo, tis
-from entr_jax.objectives.entr import EntrConfig, entr
+from entr_jax.objectives.decoupled import DecoupledPpoConfig, TisConfig, decoupled_ppo, decoupled_ppo_batch_stats, tis
+from entr_jax.objectives.entr import EntrConfig, entr, entr_batch_stats
 from entr_jax.objectives.gates import (
     binary_kl,
     entr_mask,
@@ -40,10 +51,12 @@ from entr_jax.objectives.gates import (
     trm_mask,
 )
 from entr_jax.objectives.grpo import GrpoConfig, grpo, k3_kl
-from entr_jax.objectives.masked_is import IcePopConfig, KPopConfig, icepop, kpop
-from entr_jax.objectives.reinforce import CispoConfig, M2poConfig, cispo, m2po
-from entr_jax.objectives.sat import SatConfig, sat
-from entr_jax.objectives.sequence import GspoConfig, TrmConfig, VespoConfig, gspo, trm, vespo, vespo_kernel
+from entr_jax.objectives.masked_is import IcePopConfig, KPopConfig, icepop, icepop_batch_stats, kpop, kpop_batch_stats
+from entr_jax.objectives.reinforce import CispoConfig, M2poConfig, cispo, m2po, m2po_batch_stats
+from entr_jax.objectives.sat import SatConfig, sat, sat_batch_stats
+from entr_jax.objectives.sequence import (
+    VESPO_ZERO_WEIGHT, GspoConfig, TrmConfig, VespoConfig, gspo, trm, trm_batch_stats, vespo, vespo_kernel,
+)
 
 Objective = Callable[[jax.Array, Any], tuple[jax.Array, dict[str, jax.Array]]]
 
@@ -62,6 +75,23 @@ OBJECTIVES: dict[str, tuple[Callable, type[ObjectiveConfig]]] = {
     "vespo": (vespo, VespoConfig),
     "sat": (sat, SatConfig),
 }
+
+
+BatchStats = Callable[[jax.Array, Any, ObjectiveConfig], dict[str, jax.Array]]
+
+BATCH_STATS: dict[str, BatchStats] = {
+    "entr": entr_batch_stats,
+    "estr": entr_batch_stats,
+    "decoupled_ppo": decoupled_ppo_batch_stats,
+    "icepop": icepop_batch_stats,
+    "kpop": kpop_batch_stats,
+    "m2po": m2po_batch_stats,
+    "trm": trm_batch_stats,
+    "sat": sat_batch_stats,
+}
+"""Statistics of the current policy over the whole optimizer batch, for the objectives whose
+config says ``uses_batch_stats()``: ``fn(logp_pi, batch, cfg) -> dict`` of ``[] f32``
+scalars or ``[B, ...]`` per-row arrays (see the module docstring)."""
 
 
 def make_config(name: str, **overrides: Any) -> ObjectiveConfig:
@@ -85,7 +115,10 @@ def make_objective(name: str, **overrides: Any) -> Objective:
     """Returns ``objective(logp_pi, batch) -> (loss, metrics)`` for method ``name``.
 
     The returned callable is pure and jit-compatible; the config is closed over (static)
-    and exposed as ``objective.config``, the method name as ``objective.name``.
+    and exposed as ``objective.config``, the method name as ``objective.name``, the
+    optional batch fields it reads as ``objective.inputs`` (``config.inputs()``), and
+    ``objective.batch_stats(logp_pi, batch) -> dict`` (its `BATCH_STATS` entry bound to
+    the config) when ``config.uses_batch_stats()``, else None.
 
     Raises:
       ValueError: see `make_config`.
@@ -98,13 +131,18 @@ def make_objective(name: str, **overrides: Any) -> Objective:
 
     objective.config = cfg
     objective.name = name
+    objective.inputs = cfg.inputs()
+    objective.batch_stats = None
+    if cfg.uses_batch_stats():
+        stats_fn = BATCH_STATS[name]
+        objective.batch_stats = lambda logp_pi, batch: stats_fn(logp_pi, batch, cfg)
     objective.__name__ = f"{name}_objective"
     objective.__doc__ = fn.__doc__
     return objective
 
 
 __all__ = [
-    "AGGREGATIONS", "OBJECTIVES", "Objective", "ObjectiveConfig", "aggregate", "make_config", "make_objective",
+    "AGGREGATIONS", "BATCH_STATS", "OBJECTIVES", "Objective", "VESPO_ZERO_WEIGHT", "ObjectiveConfig", "aggregate", "make_config", "make_objective",
     "entr", "EntrConfig", "grpo", "GrpoConfig", "decoupled_ppo", "DecoupledPpoConfig", "tis", "TisConfig",
     "icepop", "IcePopConfig", "kpop", "KPopConfig", "gspo", "GspoConfig", "cispo", "CispoConfig",
     "m2po", "M2poConfig", "trm", "TrmConfig", "vespo", "VespoConfig", "sat", "SatConfig",

@@ -19,6 +19,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from entr_jax.objectives.aggregation import aggregate
+
 LOG_RATIO_CLIP = 20.0
 """Bound on every log-ratio before ``exp`` (as in the VESPO code, algorithms.md section 4)."""
 
@@ -38,9 +40,14 @@ class Inputs:
       logp_mu: ``[B, T] f32`` behavior log-probs.
       advantages: ``[B, T] f32``.
       loss_mask: ``[B, T] bool``.
-      num_loss_tokens: ``[] f32`` global token normaliser (``batch.num_loss_tokens`` or the
-        count of ``loss_mask``).
+      num_loss_tokens: ``[] f32`` loss tokens of the optimizer batch
+        (``batch.num_loss_tokens``, or the count of ``loss_mask`` when absent).
+      num_sequences: ``[] f32`` rows with at least one loss token in the optimizer batch
+        (``batch.num_sequences``, or counted on ``loss_mask`` when absent).
       entropy_mu, logp_prox, logp_ref, entropy_pi: ``[B, T] f32`` or None when absent.
+      stats: ``batch.batch_stats``, the objective's statistics of the current policy over
+        the whole optimizer batch (`entr_jax.objectives.BATCH_STATS`), or None: the
+        objective then computes them on the batch it is given.
     """
 
     logp_pi: Array
@@ -48,10 +55,12 @@ class Inputs:
     advantages: Array
     loss_mask: Array
     num_loss_tokens: Array
+    num_sequences: Array
     entropy_mu: Array | None
     logp_prox: Array | None
     logp_ref: Array | None
     entropy_pi: Array | None
+    stats: dict[str, Array] | None = None
 
 
 def _check_float(x: Any, name: str, shape: tuple[int, ...]) -> Array:
@@ -71,9 +80,10 @@ def read_inputs(logp_pi: Array, batch: Any, sanitize: bool = True) -> Inputs:
     ``where`` per input suffices (ENTR; this halves its memory traffic on CPU).
 
     ``batch`` is read only through the attributes ``logp_mu``, ``advantages``,
-    ``loss_mask``, ``num_loss_tokens`` and the optional ``entropy_mu``, ``logp_prox``,
-    ``logp_ref``, ``entropy_pi`` (``getattr`` with default None), so any object carrying
-    them works.
+    ``loss_mask`` and the optional ``num_loss_tokens``, ``num_sequences``, ``entropy_mu``,
+    ``logp_prox``, ``logp_ref``, ``entropy_pi``, ``batch_stats`` (``getattr`` with default
+    None), so any object carrying them works. The normalisers and ``batch_stats`` describe
+    the whole optimizer batch when ``batch`` is one microbatch of it (`learners.step`).
 
     Raises:
       AssertionError: (chex) a ``[B, T]`` field has the wrong rank or shape; the message
@@ -102,24 +112,89 @@ def read_inputs(logp_pi: Array, batch: Any, sanitize: bool = True) -> Inputs:
         x = jax.lax.stop_gradient(_check_float(x, f"batch.{name}", shape))
         return jnp.where(loss_mask, x, 0.0) if sanitize else x
 
-    num = getattr(batch, "num_loss_tokens", None)
-    if num is None:
-        num = jnp.sum(loss_mask, dtype=jnp.float32)
-    else:
-        chex.assert_rank(num, 0, custom_message="argument `batch.num_loss_tokens` must be a scalar")
-        num = jax.lax.stop_gradient(jnp.asarray(num, jnp.float32))
+    counts = normalisers(loss_mask)
+
+    def scalar(name: str) -> Array:
+        x = getattr(batch, name, None)
+        if x is None:
+            return counts[name]
+        chex.assert_rank(x, 0, custom_message=f"argument `batch.{name}` must be a scalar")
+        return jax.lax.stop_gradient(jnp.asarray(x, jnp.float32))
+
+    stats = getattr(batch, "batch_stats", None)
+    if stats is not None:
+        stats = {k: jax.lax.stop_gradient(v) for k, v in stats.items()}
     lp = jnp.asarray(logp_pi, jnp.float32)
     return Inputs(
         logp_pi=jnp.where(loss_mask, lp, 0.0) if sanitize else lp,
         logp_mu=field("logp_mu"),
         advantages=field("advantages"),
         loss_mask=loss_mask,
-        num_loss_tokens=num,
+        num_loss_tokens=scalar("num_loss_tokens"),
+        num_sequences=scalar("num_sequences"),
         entropy_mu=field("entropy_mu"),
         logp_prox=field("logp_prox"),
         logp_ref=field("logp_ref"),
         entropy_pi=field("entropy_pi"),
+        stats=stats,
     )
+
+
+def normalisers(loss_mask: Array) -> dict[str, Array]:
+    """The policy-independent normalisers of a batch, counted on its ``loss_mask``.
+
+    Args:
+      loss_mask: ``[..., T] bool`` (any leading axes, e.g. ``[M, b, T]`` microbatched).
+
+    Returns:
+      ``{"num_loss_tokens": [] f32, "num_sequences": [] f32}``: loss tokens, and rows with
+      at least one loss token (``G`` of the sequence aggregations).
+    """
+    return {
+        "num_loss_tokens": jnp.sum(loss_mask, dtype=jnp.float32),
+        "num_sequences": jnp.sum(jnp.any(loss_mask, axis=-1), dtype=jnp.float32),
+    }
+
+
+def stat(inp: Inputs, name: str, compute) -> Array:
+    """``inp.stats[name]`` when the batch carries its optimizer-batch statistics, else
+    ``compute()`` on the batch given (the same value when it is the whole batch)."""
+    if inp.stats is not None and name in inp.stats:
+        return inp.stats[name]
+    return compute()
+
+
+def kept_count(inp: Inputs, keep: Array) -> Array:
+    """Kept tokens of the optimizer batch: ``batch_stats["num_kept_tokens"]`` or the count of
+    ``keep`` on this batch."""
+    return stat(inp, "num_kept_tokens", lambda: jnp.sum(keep, dtype=jnp.float32))
+
+
+def agg(inp: Inputs, loss_tok: Array, keep: Array, cfg, num_kept: Array | None = None) -> Array:
+    """`aggregation.aggregate` of ``loss_tok`` over ``keep`` with the optimizer-batch
+    normalisers of ``inp`` and ``cfg.mode`` / ``cfg.l_norm``. ``num_kept`` is the kept-token
+    count (`kept_count`); None means ``keep`` is ``loss_mask`` (count = ``num_loss_tokens``)."""
+    kept = inp.num_loss_tokens if num_kept is None else num_kept
+    return aggregate(loss_tok, keep, inp.loss_mask, inp.num_loss_tokens, inp.num_sequences,
+                     kept, cfg.mode, cfg.l_norm)
+
+
+def proximal(inp: Inputs, cfg: Any, cls_name: str) -> Array:
+    """The proximal log-probs of ``cfg.ratio_mode``: ``batch.logp_prox`` in ``"decoupled"``
+    mode (AReaL's decoupled loss), ``logp_mu`` in ``"bypass"`` mode (``prox := mu``).
+
+    Raises:
+      ValueError: ``"decoupled"`` mode and ``batch.logp_prox`` is None (names the field).
+    """
+    if cfg.ratio_mode == "bypass":
+        return inp.logp_mu
+    if inp.logp_prox is None:
+        raise ValueError(
+            f"{cls_name}.ratio_mode='decoupled' needs batch.logp_prox (log-probs of the "
+            "proximal policy, the weights before the first update of the rollout batch), but "
+            "it is None; set ratio_mode='bypass' for the single-ratio pi/mu form"
+        )
+    return inp.logp_prox
 
 
 def log_ratio(log_a: Array, log_b: Array) -> Array:

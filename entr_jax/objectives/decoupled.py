@@ -56,6 +56,12 @@ class DecoupledPpoConfig(ObjectiveConfig):
             check_range("DecoupledPpoConfig", "weight_cap", self.weight_cap, lo=0.0, lo_open=True)
         check_choice("DecoupledPpoConfig", "weight_cap_mode", self.weight_cap_mode, ("mask", "truncate"))
 
+    def inputs(self) -> frozenset[str]:
+        return frozenset({"logp_prox"})
+
+    def uses_batch_stats(self) -> bool:
+        return self.mode == "token_mean_kept"
+
 
 def decoupled_ppo(logp_pi: jax.Array, batch: Any, cfg: DecoupledPpoConfig) -> tuple[jax.Array, c.Metrics]:
     """AReaL decoupled PPO loss (see the module docstring). Returns ``(loss, metrics)``.
@@ -64,6 +70,13 @@ def decoupled_ppo(logp_pi: jax.Array, batch: Any, cfg: DecoupledPpoConfig) -> tu
       ValueError: ``batch.logp_prox`` is None.
     """
     inp = c.read_inputs(logp_pi, batch)
+    w, keep = _decoupled_weight(inp, cfg)
+    loss, metrics = weighted_ppo(inp, inp.logp_prox, w, keep, cfg, c.kept_count(inp, keep))
+    metrics["ratio_mode/decoupled"] = jnp.float32(1.0)
+    return loss, metrics
+
+
+def _decoupled_weight(inp: c.Inputs, cfg: DecoupledPpoConfig) -> tuple[jax.Array, jax.Array]:
     if inp.logp_prox is None:
         raise ValueError("decoupled_ppo needs batch.logp_prox (proximal-policy log-probs), but it is None")
     w = c.ratio(inp.logp_prox, inp.logp_mu)
@@ -73,7 +86,13 @@ def decoupled_ppo(logp_pi: jax.Array, batch: Any, cfg: DecoupledPpoConfig) -> tu
             keep = keep & (w <= cfg.weight_cap)
         else:
             w = jnp.minimum(w, cfg.weight_cap)
-    return weighted_ppo(inp, inp.logp_prox, w, keep, cfg)
+    return w, keep
+
+
+def decoupled_ppo_batch_stats(logp_pi: jax.Array, batch: Any, cfg: DecoupledPpoConfig) -> dict[str, jax.Array]:
+    """``num_kept_tokens`` of the optimizer batch (tokens not dropped by the weight cap)."""
+    _, keep = _decoupled_weight(c.read_inputs(logp_pi, batch), cfg)
+    return {"num_kept_tokens": jnp.sum(keep, dtype=jnp.float32)}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -84,6 +103,7 @@ class TisConfig(ObjectiveConfig):
       cap: truncation ``C`` of the weight (> 0); default 2.0.
       level: ``token`` | ``sequence``.
       clip_low, clip_high: clip band on ``pi/prox``; default 0.2/0.2.
+      ratio_mode: ``decoupled`` (reads ``batch.logp_prox``) | ``bypass`` (``prox := mu``).
       aggregation: default ``token_mean``.
     """
 
@@ -92,22 +112,32 @@ class TisConfig(ObjectiveConfig):
     level: Literal["token", "sequence"] = "token"
     clip_low: float = 0.2
     clip_high: float = 0.2
+    ratio_mode: Literal["decoupled", "bypass"] = "decoupled"
 
     def __post_init__(self):
         super().__post_init__()
         check_range("TisConfig", "cap", self.cap, lo=0.0, lo_open=True)
         check_choice("TisConfig", "level", self.level, ("token", "sequence"))
+        check_choice("TisConfig", "ratio_mode", self.ratio_mode, ("decoupled", "bypass"))
         self._clip()
+
+    def inputs(self) -> frozenset[str]:
+        return frozenset({"logp_prox"}) if self.ratio_mode == "decoupled" else frozenset()
 
 
 def tis(logp_pi: jax.Array, batch: Any, cfg: TisConfig) -> tuple[jax.Array, c.Metrics]:
-    """Truncated-IS PPO loss (see the module docstring); bypass mode when
-    ``batch.logp_prox`` is None. Returns ``(loss, metrics)``."""
+    """Truncated-IS PPO loss (see the module docstring). Returns ``(loss, metrics)``.
+
+    Raises:
+      ValueError: ``ratio_mode="decoupled"`` and ``batch.logp_prox`` is None.
+    """
     inp = c.read_inputs(logp_pi, batch)
-    logp_prox = inp.logp_mu if inp.logp_prox is None else inp.logp_prox
+    logp_prox = c.proximal(inp, cfg, "TisConfig")
     log_w = c.log_ratio(logp_prox, inp.logp_mu)
     if cfg.level == "sequence":
         seq_log_w_B = c.log_ratio(jnp.sum(log_w, axis=1), 0.0)
         log_w = jnp.broadcast_to(seq_log_w_B[:, None], log_w.shape)
     w = jnp.minimum(jnp.exp(log_w), cfg.cap)
-    return weighted_ppo(inp, logp_prox, w, inp.loss_mask, cfg)
+    loss, metrics = weighted_ppo(inp, logp_prox, w, inp.loss_mask, cfg)
+    metrics["ratio_mode/decoupled"] = jnp.float32(cfg.ratio_mode == "decoupled")
+    return loss, metrics

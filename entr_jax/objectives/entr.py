@@ -38,9 +38,10 @@ import dataclasses
 from typing import Any, Literal
 
 import jax
+import jax.numpy as jnp
 
 from entr_jax.objectives import common as c
-from entr_jax.objectives.aggregation import Aggregation, ObjectiveConfig, aggregate, check_choice, check_range
+from entr_jax.objectives.aggregation import Aggregation, ObjectiveConfig, check_choice, check_range
 from entr_jax.objectives.gates import entr_mask, entr_score
 
 EntropySource = Literal["behavior_full", "behavior_topk", "current_full"]
@@ -82,6 +83,43 @@ class EntrConfig(ObjectiveConfig):
                 f"'token_mean_kept', got aggregation={self.aggregation!r}"
             )
 
+    @property
+    def mode(self) -> str:
+        return "token_mean_kept" if self.denominator == "kept_tokens" else self.aggregation
+
+    def inputs(self) -> frozenset[str]:
+        return frozenset({"entropy_pi" if self.entropy_source == "current_full" else "entropy_mu"})
+
+    def uses_batch_stats(self) -> bool:
+        return self.mode == "token_mean_kept"
+
+
+def _entropy(inp: c.Inputs, cfg: EntrConfig) -> jax.Array:
+    if cfg.entropy_source == "current_full":
+        if inp.entropy_pi is None:
+            raise ValueError(
+                "EntrConfig.entropy_source='current_full' needs batch.entropy_pi ([B, T] "
+                "trainer-side entropy of pi), but the batch has none"
+            )
+        return inp.entropy_pi
+    if inp.entropy_mu is None:
+        raise ValueError(f"EntrConfig.entropy_source={cfg.entropy_source!r} needs batch.entropy_mu")
+    return inp.entropy_mu
+
+
+def _keep(inp: c.Inputs, cfg: EntrConfig) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(keep, delta, entropy)``: the ENTR gate on the loss tokens."""
+    entropy = _entropy(inp, cfg)
+    delta = c.log_ratio(c.sg(inp.logp_pi), inp.logp_mu)
+    return inp.loss_mask & entr_mask(delta, entropy, cfg.tau, cfg.eps), delta, entropy
+
+
+def entr_batch_stats(logp_pi: jax.Array, batch: Any, cfg: EntrConfig) -> dict[str, jax.Array]:
+    """Optimizer-batch statistic of ENTR: ``num_kept_tokens`` (tokens the gate keeps), the
+    denominator of ``denominator="kept_tokens"``. Inputs as in `entr`."""
+    keep, _, _ = _keep(c.read_inputs(logp_pi, batch, sanitize=False), cfg)
+    return {"num_kept_tokens": jnp.sum(keep, dtype=jnp.float32)}
+
 
 def entr(logp_pi: jax.Array, batch: Any, cfg: EntrConfig) -> tuple[jax.Array, c.Metrics]:
     """ENTR loss. ``logp_pi``: ``[B, T]`` float; ``batch``: see `common.read_inputs`.
@@ -96,23 +134,10 @@ def entr(logp_pi: jax.Array, batch: Any, cfg: EntrConfig) -> tuple[jax.Array, c.
     # The ENTR gate is false on non-finite inputs and is intersected with loss_mask, so the
     # one `gate` below protects every arithmetic input: no separate loss_mask pass.
     inp = c.read_inputs(logp_pi, batch, sanitize=False)
-    if cfg.entropy_source == "current_full":
-        if inp.entropy_pi is None:
-            raise ValueError(
-                "EntrConfig.entropy_source='current_full' needs batch.entropy_pi ([B, T] "
-                "trainer-side entropy of pi), but the batch has none"
-            )
-        entropy = inp.entropy_pi
-    else:
-        if inp.entropy_mu is None:
-            raise ValueError(f"EntrConfig.entropy_source={cfg.entropy_source!r} needs batch.entropy_mu")
-        entropy = inp.entropy_mu
-    delta = c.log_ratio(c.sg(inp.logp_pi), inp.logp_mu)
-    keep = inp.loss_mask & entr_mask(delta, entropy, cfg.tau, cfg.eps)
+    keep, delta, entropy = _keep(inp, cfg)
     lp, lmu, adv = c.gate(keep, inp.logp_pi, inp.logp_mu, inp.advantages)
     loss_tok, lo, hi = c.ppo_clip_loss(c.ratio(lp, lmu), adv, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
-    mode = "token_mean_kept" if cfg.denominator == "kept_tokens" else cfg.aggregation
-    loss = aggregate(loss_tok, keep, inp.loss_mask, inp.num_loss_tokens, mode, cfg.l_norm)
+    loss = c.agg(inp, loss_tok, keep, cfg, c.kept_count(inp, keep))
     metrics = {"loss/pg": loss, **c.base_metrics(inp, keep, lo, hi)}
     metrics["entr/score_mean"] = c.masked_mean(entr_score(delta, entropy, cfg.eps), inp.loss_mask)
     return loss, c.f32_metrics(metrics)

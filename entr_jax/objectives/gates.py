@@ -1,10 +1,11 @@
 """Token/sequence gates as public pure functions (boolean keep-masks, ``[B, T]``).
 
 Every gate stops gradient on its inputs and returns False (reject) for non-finite inputs.
-The batch-level gates (`m2po_mask`, `sat_clip_factors`) use global ``jnp`` reductions over
+The batch-level gates (`m2po_mask`, `sat_quantile`) use global ``jnp`` reductions over
 the whole ``[B, T]`` array they are given: under ``jit`` with a batch-sharded input GSPMD
-makes them global, so their scope is "the batch passed to the objective, i.e. the
-microbatch when gradient accumulation is used".
+makes them global. The learner gives them the whole optimizer batch (also under gradient
+accumulation, through the objectives' ``*_batch_stats`` functions), so their scope is the
+optimizer batch.
 """
 
 from __future__ import annotations
@@ -167,11 +168,13 @@ def sat_quantile(log_ratio: Array, loss_mask: Array, alpha: float) -> Array:
 
 
 def sat_clip_factors(
-    log_ratio: Array, loss_mask: Array, alpha: float = 0.9, exponent: float = 2.0, kernel: str = "shifted"
+    log_ratio: Array, loss_mask: Array, alpha: float = 0.9, exponent: float = 2.0, kernel: str = "shifted",
+    q: Array | None = None,
 ) -> tuple[Array, Array, Array]:
     """SAT staleness-adaptive clip contraction factors (arXiv 2607.18722; algorithms.md 4.15).
 
-    ``d = sg(log r)``, ``q = sat_quantile(d, alpha)``. A token is *contracted* when
+    ``d = sg(log r)``, ``q = sat_quantile(d, alpha)`` (or the given ``q``, e.g. the
+    quantile of the whole optimizer batch when ``log_ratio`` is one microbatch). A token is *contracted* when
     ``q > 0`` and ``|d| > q``; then ``c = Hill(|d|; q)`` goes to the endpoint on the side
     the ratio is heading (``d > 0``: ``c_high``; ``d < 0``: ``c_low``), the other stays 1.
     The Hill kernel is UNKNOWN in the source; INFERRED choices:
@@ -184,7 +187,9 @@ def sat_clip_factors(
       ``[1 - clip_low * c_low, 1 + clip_high * c_high]``.
     """
     d = jnp.clip(sg(log_ratio), -LOG_RATIO_CLIP, LOG_RATIO_CLIP)
-    q = sat_quantile(log_ratio, loss_mask, alpha)
+    if q is None:
+        q = sat_quantile(log_ratio, loss_mask, alpha)
+    q = sg(q)
     a = jnp.abs(d)
     contracted = loss_mask & jnp.isfinite(d) & (q > 0) & (a > q)
     safe_q = jnp.where(q > 0, q, 1.0)

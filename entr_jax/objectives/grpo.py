@@ -10,7 +10,8 @@ Formula (DeepSeekMath, arXiv 2402.03300, eq. 3; algorithms.md 4.1-4.3), negated:
 the ESTR experiments). ``clip_low != clip_high`` is DAPO's clip-higher (arXiv 2503.14476,
 eq. 10: 0.2/0.28). Defaults: symmetric 0.2 (paper), ``aggregation="seq_mean_token_mean"``
 (paper; DAPO: ``token_mean``; Dr.GRPO: ``seq_mean_token_sum_norm``), ``kl_coef = 0``
-(the paper uses 0.04; the project default has no reference model).
+(the paper uses 0.04; with ``kl_coef > 0`` the learner computes ``logp_ref`` under the
+frozen reference policy, by default the policy RL starts from, `experiments.reference`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from entr_jax.objectives import common as c
-from entr_jax.objectives.aggregation import Aggregation, ObjectiveConfig, aggregate, check_range
+from entr_jax.objectives.aggregation import Aggregation, ObjectiveConfig, check_range
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -45,6 +46,9 @@ class GrpoConfig(ObjectiveConfig):
         self._clip()
         check_range("GrpoConfig", "kl_coef", self.kl_coef, lo=0.0)
 
+    def inputs(self) -> frozenset[str]:
+        return frozenset({"logp_ref"}) if self.kl_coef > 0 else frozenset()
+
 
 def k3_kl(logp_pi: jax.Array, logp_ref: jax.Array) -> jax.Array:
     """Per-token k3 estimate of KL(pi || ref): ``exp(x) - x - 1``, ``x = clip(ref - pi)``."""
@@ -66,12 +70,12 @@ def grpo(logp_pi: jax.Array, batch: Any, cfg: GrpoConfig) -> tuple[jax.Array, c.
     keep = inp.loss_mask
     r = c.ratio(inp.logp_pi, inp.logp_mu)
     loss_tok, lo, hi = c.ppo_clip_loss(r, inp.advantages, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
-    pg = aggregate(loss_tok, keep, keep, inp.num_loss_tokens, cfg.aggregation, cfg.l_norm)
+    pg = c.agg(inp, loss_tok, keep, cfg)
     metrics = {"loss/pg": pg, **c.base_metrics(inp, keep, lo, hi)}
     loss = pg
     if cfg.kl_coef > 0:
         kl_tok = k3_kl(inp.logp_pi, inp.logp_ref)
-        kl = aggregate(kl_tok, keep, keep, inp.num_loss_tokens, cfg.aggregation, cfg.l_norm)
+        kl = c.agg(inp, kl_tok, keep, cfg)
         loss = pg + cfg.kl_coef * kl
         metrics["loss/kl"] = kl
         metrics["kl/k3"] = c.masked_mean(c.sg(kl_tok), keep)

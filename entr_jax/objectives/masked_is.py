@@ -1,15 +1,18 @@
 """IcePop (masked importance sampling) and KPop (bidirectional binary-KL masking).
 
 Both gate tokens on the train/inference discrepancy of the sampled token and then apply
-a PPO clipped surrogate to the kept ones. "train" is ``logp_prox`` when the batch has it
-and the current ``logp_pi`` (detached) otherwise:
+a PPO clipped surrogate to the kept ones. The config field ``ratio_mode`` says what
+"train" is:
 
-* **decoupled** (``batch.logp_prox`` given):
-  ``l = -M * sg(prox/mu) * min(u A, clip(u) A)``, ``u = pi/prox`` (the IS weight k is
-  kept on accepted tokens);
-* **bypass** (``logp_prox`` None; the single-ratio setting in which ESTR compares against
-  them, INFERRED): the gate uses ``sg(pi/mu)`` and ``l = -M * min(r A, clip(r) A)`` with
+* ``"decoupled"`` (the papers' and AReaL's form, ``use_decoupled_loss``): "train" is the
+  proximal policy, ``batch.logp_prox`` (the weights before the first optimizer update of
+  the rollout batch): ``l = -M * sg(prox/mu) * min(u A, clip(u) A)``, ``u = pi/prox``; the
+  IS weight ``k = prox/mu`` is kept on accepted tokens (IcePop's ``M(k) = k``);
+* ``"bypass"`` (default; the single-ratio setting in which ESTR compares against them,
+  INFERRED): the gate uses ``sg(pi/mu)`` and ``l = -M * min(r A, clip(r) A)`` with
   ``r = pi/mu``, which already carries the IS weight.
+
+Metrics record the mode that ran: ``ratio_mode/decoupled`` is 1 or 0.
 
 IcePop (Ring-1T, arXiv 2510.18855; algorithms.md 4.6): ``M = 1[alpha <= k <= beta]``,
 ``k = train/mu``; defaults ``alpha = 0.5``, ``beta = 5``, clip 0.2/0.2,
@@ -24,31 +27,60 @@ UNKNOWN), clip 0.2/0.2 and ``token_mean`` (INFERRED, AReaL).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 
 from entr_jax.objectives import common as c
-from entr_jax.objectives.aggregation import Aggregation, ObjectiveConfig, check_range
+from entr_jax.objectives.aggregation import Aggregation, ObjectiveConfig, check_choice, check_range
 from entr_jax.objectives.gates import icepop_mask, kpop_mask
 from entr_jax.objectives.weighted import weighted_ppo
 
 
-def _gated(inp: c.Inputs, gate_fn, cfg) -> tuple[jax.Array, c.Metrics]:
-    if inp.logp_prox is None:
+def _gate(inp: c.Inputs, gate_fn, cfg, cls_name: str):
+    """``(keep, logp_den, w)`` of the mode in ``cfg.ratio_mode``."""
+    if cfg.ratio_mode == "bypass":
         logp_train, logp_den = c.sg(inp.logp_pi), inp.logp_mu
         w = jnp.ones_like(inp.logp_mu)
     else:
-        logp_train, logp_den = inp.logp_prox, inp.logp_prox
-        w = c.ratio(inp.logp_prox, inp.logp_mu)
-    keep = inp.loss_mask & gate_fn(logp_train, inp.logp_mu)
-    return weighted_ppo(inp, logp_den, w, keep, cfg)
+        logp_train = logp_den = c.proximal(inp, cfg, cls_name)
+        w = c.ratio(logp_train, inp.logp_mu)
+    return inp.loss_mask & gate_fn(logp_train, inp.logp_mu), logp_den, w
+
+
+def _gated(inp: c.Inputs, gate_fn, cfg, cls_name: str) -> tuple[jax.Array, c.Metrics]:
+    keep, logp_den, w = _gate(inp, gate_fn, cfg, cls_name)
+    loss, metrics = weighted_ppo(inp, logp_den, w, keep, cfg, c.kept_count(inp, keep))
+    metrics["ratio_mode/decoupled"] = jnp.float32(cfg.ratio_mode == "decoupled")
+    return loss, metrics
+
+
+def _kept_stats(logp_pi, batch, gate_fn, cfg, cls_name: str) -> dict[str, jax.Array]:
+    keep, _, _ = _gate(c.read_inputs(logp_pi, batch), gate_fn, cfg, cls_name)
+    return {"num_kept_tokens": jnp.sum(keep, dtype=jnp.float32)}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class IcePopConfig(ObjectiveConfig):
-    """IcePop hyperparameters: band ``[alpha, beta]`` (0 < alpha < beta), clip band."""
+class _MaskedIsConfig(ObjectiveConfig):
+    ratio_mode: Literal["bypass", "decoupled"] = "bypass"
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_choice(type(self).__name__, "ratio_mode", self.ratio_mode, ("bypass", "decoupled"))
+        self._clip()
+
+    def inputs(self) -> frozenset[str]:
+        return frozenset({"logp_prox"}) if self.ratio_mode == "decoupled" else frozenset()
+
+    def uses_batch_stats(self) -> bool:
+        return self.mode == "token_mean_kept"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class IcePopConfig(_MaskedIsConfig):
+    """IcePop hyperparameters: band ``[alpha, beta]`` (0 < alpha < beta), clip band,
+    ``ratio_mode`` (``bypass`` | ``decoupled``, see the module docstring)."""
 
     aggregation: Aggregation = "seq_mean_token_mean"
     alpha: float = 0.5
@@ -62,18 +94,30 @@ class IcePopConfig(ObjectiveConfig):
         check_range("IcePopConfig", "beta", self.beta, lo=0.0, lo_open=True)
         if not self.alpha < self.beta:
             raise ValueError(f"IcePopConfig.alpha must be < IcePopConfig.beta, got alpha={self.alpha}, beta={self.beta}")
-        self._clip()
+
+
+def _icepop_gate(cfg: IcePopConfig):
+    return lambda lt, lmu: icepop_mask(c.log_ratio(lt, lmu), cfg.alpha, cfg.beta)
 
 
 def icepop(logp_pi: jax.Array, batch: Any, cfg: IcePopConfig) -> tuple[jax.Array, c.Metrics]:
-    """IcePop loss (see the module docstring). Returns ``(loss, metrics)``."""
-    inp = c.read_inputs(logp_pi, batch)
-    return _gated(inp, lambda lt, lmu: icepop_mask(c.log_ratio(lt, lmu), cfg.alpha, cfg.beta), cfg)
+    """IcePop loss (see the module docstring). Returns ``(loss, metrics)``.
+
+    Raises:
+      ValueError: ``ratio_mode="decoupled"`` and ``batch.logp_prox`` is None.
+    """
+    return _gated(c.read_inputs(logp_pi, batch), _icepop_gate(cfg), cfg, "IcePopConfig")
+
+
+def icepop_batch_stats(logp_pi: jax.Array, batch: Any, cfg: IcePopConfig) -> dict[str, jax.Array]:
+    """``num_kept_tokens`` of the optimizer batch (denominator of ``token_mean_kept``)."""
+    return _kept_stats(logp_pi, batch, _icepop_gate(cfg), cfg, "IcePopConfig")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class KPopConfig(ObjectiveConfig):
-    """KPop hyperparameters: KL threshold ``phi`` (> 0), clip band."""
+class KPopConfig(_MaskedIsConfig):
+    """KPop hyperparameters: KL threshold ``phi`` (> 0), clip band, ``ratio_mode``
+    (``bypass`` | ``decoupled``, see the module docstring)."""
 
     aggregation: Aggregation = "token_mean"
     phi: float = 2.0
@@ -83,10 +127,17 @@ class KPopConfig(ObjectiveConfig):
     def __post_init__(self):
         super().__post_init__()
         check_range("KPopConfig", "phi", self.phi, lo=0.0, lo_open=True)
-        self._clip()
 
 
 def kpop(logp_pi: jax.Array, batch: Any, cfg: KPopConfig) -> tuple[jax.Array, c.Metrics]:
-    """KPop loss (see the module docstring). Returns ``(loss, metrics)``."""
-    inp = c.read_inputs(logp_pi, batch)
-    return _gated(inp, lambda lt, lmu: kpop_mask(lt, lmu, cfg.phi), cfg)
+    """KPop loss (see the module docstring). Returns ``(loss, metrics)``.
+
+    Raises:
+      ValueError: ``ratio_mode="decoupled"`` and ``batch.logp_prox`` is None.
+    """
+    return _gated(c.read_inputs(logp_pi, batch), lambda lt, lmu: kpop_mask(lt, lmu, cfg.phi), cfg, "KPopConfig")
+
+
+def kpop_batch_stats(logp_pi: jax.Array, batch: Any, cfg: KPopConfig) -> dict[str, jax.Array]:
+    """``num_kept_tokens`` of the optimizer batch (denominator of ``token_mean_kept``)."""
+    return _kept_stats(logp_pi, batch, lambda lt, lmu: kpop_mask(lt, lmu, cfg.phi), cfg, "KPopConfig")

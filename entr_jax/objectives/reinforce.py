@@ -7,9 +7,12 @@ Both use the behavior policy mu as the denominator (coupled setting), ``token_me
   bound is disabled by default (``clip_low=None``). ``clip_high`` is UNKNOWN/unverified in
   the source; default 0.3 (INFERRED from a secondary source). Every token keeps a gradient.
 * `m2po` (arXiv 2510.01161; algorithms.md 4.10): `gates.m2po_mask` rejects the tokens with
-  the largest ``(log r)**2`` until the mean of the rest is ``<= tau`` (batch-level: the
-  batch passed to the objective, i.e. the microbatch when gradient accumulation is used),
-  then ``l = -M r A`` with no clip. ``tau = 0.04`` (INFERRED/recalled).
+  the largest ``(log r)**2`` until the mean of the rest is ``<= tau``, then ``l = -M r A``
+  with no clip. ``tau = 0.04`` (INFERRED/recalled). Scope of the mask: every loss token of
+  the *optimizer batch* (as in the paper and AReaL). Under gradient accumulation the
+  learner computes it once per optimizer step with `m2po_batch_stats` on the whole batch
+  (``batch_stats["keep"]``) and hands each microbatch its slice, so the decisions do not
+  depend on the number of microbatches.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from entr_jax.objectives import common as c
-from entr_jax.objectives.aggregation import Aggregation, ObjectiveConfig, aggregate, check_range
+from entr_jax.objectives.aggregation import Aggregation, ObjectiveConfig, check_range
 from entr_jax.objectives.gates import m2po_mask
 
 
@@ -49,7 +52,7 @@ def cispo(logp_pi: jax.Array, batch: Any, cfg: CispoConfig) -> tuple[jax.Array, 
     lower = 0.0 if cfg.clip_low is None else 1.0 - cfg.clip_low
     w = jnp.clip(r, lower, 1.0 + cfg.clip_high)
     loss_tok = -w * inp.advantages * inp.logp_pi
-    loss = aggregate(loss_tok, keep, keep, inp.num_loss_tokens, cfg.aggregation, cfg.l_norm)
+    loss = c.agg(inp, loss_tok, keep, cfg)
     metrics = {"loss/pg": loss, **c.base_metrics(inp, keep, r < lower, r > 1.0 + cfg.clip_high)}
     return loss, c.f32_metrics(metrics)
 
@@ -65,16 +68,34 @@ class M2poConfig(ObjectiveConfig):
         super().__post_init__()
         check_range("M2poConfig", "tau", self.tau, lo=0.0, lo_open=True)
 
+    def uses_batch_stats(self) -> bool:
+        return True
+
+
+def _m2po_keep(inp: c.Inputs, lr: jax.Array, cfg: M2poConfig) -> jax.Array:
+    return m2po_mask(lr, inp.loss_mask, cfg.tau)
+
+
+def m2po_batch_stats(logp_pi: jax.Array, batch: Any, cfg: M2poConfig) -> dict[str, jax.Array]:
+    """M2PO's optimizer-batch statistics: ``keep`` (``[B, T] bool``, the mask of
+    `gates.m2po_mask` over every loss token of the batch) and ``num_kept_tokens``."""
+    inp = c.read_inputs(logp_pi, batch)
+    keep = _m2po_keep(inp, c.log_ratio(c.sg(inp.logp_pi), inp.logp_mu), cfg)
+    return {"keep": keep, "num_kept_tokens": jnp.sum(keep, dtype=jnp.float32)}
+
 
 def m2po(logp_pi: jax.Array, batch: Any, cfg: M2poConfig) -> tuple[jax.Array, c.Metrics]:
     """M2PO loss. Returns ``(loss, metrics)``; metrics add ``m2po/m2_all`` and
-    ``m2po/m2_kept`` (mean ``(log r)**2`` over loss and kept tokens)."""
+    ``m2po/m2_kept`` (mean ``(log r)**2`` over loss and kept tokens).
+
+    The mask is ``batch.batch_stats["keep"]`` when given (the optimizer batch's, sliced to
+    this microbatch), else `gates.m2po_mask` over this batch."""
     inp = c.read_inputs(logp_pi, batch)
     lr = c.log_ratio(c.sg(inp.logp_pi), inp.logp_mu)
-    keep = m2po_mask(lr, inp.loss_mask, cfg.tau)
+    keep = inp.loss_mask & c.stat(inp, "keep", lambda: _m2po_keep(inp, lr, cfg))
     lp, lmu, adv = c.gate(keep, inp.logp_pi, inp.logp_mu, inp.advantages)
     loss_tok = -c.ratio(lp, lmu) * adv
-    loss = aggregate(loss_tok, keep, inp.loss_mask, inp.num_loss_tokens, cfg.aggregation, cfg.l_norm)
+    loss = c.agg(inp, loss_tok, keep, cfg, c.kept_count(inp, keep))
     metrics = {"loss/pg": loss, **c.base_metrics(inp, keep)}
     metrics["m2po/m2_all"] = c.masked_mean(lr * lr, inp.loss_mask)
     metrics["m2po/m2_kept"] = c.masked_mean(lr * lr, keep)

@@ -5,9 +5,13 @@
     l = -min(r A, clip(r, 1 - clip_low * c_low, 1 + clip_high * c_high) A),  r = pi/mu
 
 The endpoint on the side the ratio is already heading is contracted; pull-back updates are
-unchanged; with c = 1 this is plain PPO/GRPO. The quantile is batch-level: the batch passed
-to the objective, i.e. the microbatch when gradient accumulation is used (the paper's
-"current microbatch"). Defaults: ``alpha = 0.9``, Hill exponent 2, clip 0.2/0.2; the Hill
+unchanged; with c = 1 this is plain PPO/GRPO. Scope of the quantile: every loss token of the
+*optimizer batch*. The paper takes it over "the current microbatch"; here the number of
+microbatches is a memory knob that must not change the update, so the learner computes
+``q`` once per optimizer step with `sat_batch_stats` on the whole batch and passes it to
+every microbatch (``batch_stats["quantile"]``); run with one microbatch per optimizer step
+(``learner.microbatches=1``) and set ``learner.minibatches`` to reproduce a per-microbatch
+scope. Defaults: ``alpha = 0.9``, Hill exponent 2, clip 0.2/0.2; the Hill
 kernel is UNKNOWN (INFERRED ``kernel="shifted"``, or ``"standard"``); aggregation
 ``token_mean`` (INFERRED).
 """
@@ -20,7 +24,7 @@ from typing import Any, Literal
 import jax
 
 from entr_jax.objectives import common as c
-from entr_jax.objectives.aggregation import Aggregation, ObjectiveConfig, aggregate, check_choice, check_range
+from entr_jax.objectives.aggregation import Aggregation, ObjectiveConfig, check_choice, check_range
 from entr_jax.objectives.gates import sat_clip_factors, sat_quantile
 
 
@@ -43,18 +47,30 @@ class SatConfig(ObjectiveConfig):
         check_choice("SatConfig", "kernel", self.kernel, ("shifted", "standard"))
         self._clip()
 
+    def uses_batch_stats(self) -> bool:
+        return True
+
+
+def sat_batch_stats(logp_pi: jax.Array, batch: Any, cfg: SatConfig) -> dict[str, jax.Array]:
+    """SAT's optimizer-batch statistic: ``quantile``, `gates.sat_quantile` of
+    ``|sg(logp_pi - logp_mu)|`` at level ``alpha`` over every loss token of the batch."""
+    inp = c.read_inputs(logp_pi, batch)
+    return {"quantile": sat_quantile(c.sg(inp.logp_pi) - inp.logp_mu, inp.loss_mask, cfg.alpha)}
+
 
 def sat(logp_pi: jax.Array, batch: Any, cfg: SatConfig) -> tuple[jax.Array, c.Metrics]:
     """SAT loss. Returns ``(loss, metrics)``; metrics add ``sat/quantile`` and
-    ``sat/frac_contracted``."""
+    ``sat/frac_contracted``. The quantile is ``batch.batch_stats["quantile"]`` when given,
+    else computed over this batch."""
     inp = c.read_inputs(logp_pi, batch)
     keep = inp.loss_mask
     d = c.sg(inp.logp_pi) - inp.logp_mu
-    c_low, c_high, contracted = sat_clip_factors(d, keep, cfg.alpha, cfg.exponent, cfg.kernel)
+    q = c.stat(inp, "quantile", lambda: sat_quantile(d, keep, cfg.alpha))
+    c_low, c_high, contracted = sat_clip_factors(d, keep, cfg.alpha, cfg.exponent, cfg.kernel, q=q)
     r = c.ratio(inp.logp_pi, inp.logp_mu)
     loss_tok, lo, hi = c.ppo_clip_loss(r, inp.advantages, 1.0 - cfg.clip_low * c_low, 1.0 + cfg.clip_high * c_high)
-    loss = aggregate(loss_tok, keep, keep, inp.num_loss_tokens, cfg.aggregation, cfg.l_norm)
+    loss = c.agg(inp, loss_tok, keep, cfg)
     metrics = {"loss/pg": loss, **c.base_metrics(inp, keep, lo, hi)}
-    metrics["sat/quantile"] = sat_quantile(d, keep, cfg.alpha)
+    metrics["sat/quantile"] = q
     metrics["sat/frac_contracted"] = c.fraction(contracted, keep)
     return loss, c.f32_metrics(metrics)

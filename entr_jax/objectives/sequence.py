@@ -11,11 +11,15 @@ All use the behavior policy mu as the denominator of the ratio (coupled setting)
   (true product, no length normalisation), ``phi(W) = W**c1 exp(c2 (1 - W))`` with
   ``(c1, c2) = (2, 3)`` for ``A >= 0`` and ``(3, 2)`` for ``A < 0`` (repo code defaults;
   the paper's values are UNVERIFIED), ``l = -sg(phi(W_i)) A log pi``, ``token_mean``.
-  The optional TIS factor of the reference code is not implemented.
+  The optional TIS factor of the reference code is not implemented. A long sequence with
+  a small per-token gap gets a vanishing weight (1000 tokens at +0.012 give ``log W = 12``
+  and ``phi = 0`` in f32); ``vespo/seq_zeroed/count`` and ``/fraction`` count the
+  sequences whose weight is below `VESPO_ZERO_WEIGHT`.
 * `trm` (arXiv 2512.23075; algorithms.md 4.11): `gates.trm_mask` rejects whole rows, then a
   PPO clip on pi/mu. Thresholds are UNKNOWN in the paper; defaults (INFERRED)
   ``criterion="max"``, ``threshold=0.05`` (i.e. ``|log r| <= 0.316`` on every token), clip
-  0.2/0.2, ``token_mean``.
+  0.2/0.2, ``token_mean``. ``trm/seq_rejected/count`` and ``/fraction`` count the rejected
+  sequences.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from entr_jax.objectives import common as c
-from entr_jax.objectives.aggregation import Aggregation, ObjectiveConfig, aggregate, check_choice, check_range
+from entr_jax.objectives.aggregation import Aggregation, ObjectiveConfig, check_choice, check_range
 from entr_jax.objectives.gates import trm_mask
 
 
@@ -56,7 +60,7 @@ def gspo(logp_pi: jax.Array, batch: Any, cfg: GspoConfig) -> tuple[jax.Array, c.
     seq_lr_B = c.log_ratio(_seq_sum(c.sg(inp.logp_pi) - inp.logp_mu, keep) / n_B, 0.0)
     s = jnp.exp(seq_lr_B[:, None] + inp.logp_pi - c.sg(inp.logp_pi))
     loss_tok, lo, hi = c.ppo_clip_loss(s, inp.advantages, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
-    loss = aggregate(loss_tok, keep, keep, inp.num_loss_tokens, cfg.aggregation, cfg.l_norm)
+    loss = c.agg(inp, loss_tok, keep, cfg)
     metrics = {"loss/pg": loss, **c.base_metrics(inp, keep, lo, hi)}
     metrics["ratio_seq/mean"] = c.masked_mean(jnp.exp(seq_lr_B), jnp.any(keep, axis=1))
     return loss, c.f32_metrics(metrics)
@@ -78,6 +82,11 @@ class VespoConfig(ObjectiveConfig):
             check_range("VespoConfig", f, getattr(self, f), lo=0.0)
 
 
+VESPO_ZERO_WEIGHT = 1e-6
+"""A VESPO sequence counts as zeroed out when its weight ``phi(W)`` is below this on every
+loss token (its gradient is scaled by less than one millionth)."""
+
+
 def vespo_kernel(log_w: jax.Array, c1: jax.Array | float, c2: jax.Array | float) -> jax.Array:
     """``phi(W) = W**c1 exp(c2 (1 - W))`` from ``log W`` (clipped to +-20); ``phi(1) = 1``."""
     lw = jnp.clip(log_w, -c.LOG_RATIO_CLIP, c.LOG_RATIO_CLIP)
@@ -85,7 +94,10 @@ def vespo_kernel(log_w: jax.Array, c1: jax.Array | float, c2: jax.Array | float)
 
 
 def vespo(logp_pi: jax.Array, batch: Any, cfg: VespoConfig) -> tuple[jax.Array, c.Metrics]:
-    """VESPO loss. Returns ``(loss, metrics)``; metrics add ``vespo/phi_mean``."""
+    """VESPO loss. Returns ``(loss, metrics)``; metrics add ``vespo/phi_mean`` (over loss
+    tokens), ``vespo/seq_zeroed/count`` and ``vespo/seq_zeroed/fraction`` (rows with loss
+    tokens whose ``phi < VESPO_ZERO_WEIGHT`` on every loss token, and their fraction of the
+    rows with loss tokens)."""
     inp = c.read_inputs(logp_pi, batch)
     keep = inp.loss_mask
     log_w_B = c.log_ratio(_seq_sum(c.sg(inp.logp_pi) - inp.logp_mu, keep), 0.0)
@@ -96,9 +108,19 @@ def vespo(logp_pi: jax.Array, batch: Any, cfg: VespoConfig) -> tuple[jax.Array, 
         jnp.where(pos, cfg.c2_pos, cfg.c2_neg),
     )
     loss_tok = -c.sg(phi) * inp.advantages * inp.logp_pi
-    loss = aggregate(loss_tok, keep, keep, inp.num_loss_tokens, cfg.aggregation, cfg.l_norm)
+    loss = c.agg(inp, loss_tok, keep, cfg)
     metrics = {"loss/pg": loss, **c.base_metrics(inp, keep), "vespo/phi_mean": c.masked_mean(phi, keep)}
+    rows = jnp.any(keep, axis=1)
+    zeroed = rows & jnp.all(~keep | (phi < VESPO_ZERO_WEIGHT), axis=1)
+    metrics.update(_seq_counts("vespo/seq_zeroed", zeroed, rows))
     return loss, c.f32_metrics(metrics)
+
+
+def _seq_counts(prefix: str, flags_B: jax.Array, rows_B: jax.Array) -> c.Metrics:
+    """``{prefix}/count`` (rows flagged) and ``{prefix}/fraction`` (of ``rows_B``)."""
+    count = jnp.sum(flags_B & rows_B, dtype=jnp.float32)
+    return {f"{prefix}/count": count,
+            f"{prefix}/fraction": count / jnp.maximum(jnp.sum(rows_B, dtype=jnp.float32), 1.0)}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -117,17 +139,30 @@ class TrmConfig(ObjectiveConfig):
         check_range("TrmConfig", "threshold", self.threshold, lo=0.0, lo_open=True)
         self._clip()
 
+    def uses_batch_stats(self) -> bool:
+        return self.mode == "token_mean_kept"
+
+
+def _trm_keep(inp: c.Inputs, cfg: TrmConfig) -> jax.Array:
+    return trm_mask(c.sg(inp.logp_pi) - inp.logp_mu, inp.loss_mask, cfg.threshold, cfg.criterion)
+
+
+def trm_batch_stats(logp_pi: jax.Array, batch: Any, cfg: TrmConfig) -> dict[str, jax.Array]:
+    """``num_kept_tokens`` of the optimizer batch (denominator of ``token_mean_kept``)."""
+    keep = _trm_keep(c.read_inputs(logp_pi, batch), cfg)
+    return {"num_kept_tokens": jnp.sum(keep, dtype=jnp.float32)}
+
 
 def trm(logp_pi: jax.Array, batch: Any, cfg: TrmConfig) -> tuple[jax.Array, c.Metrics]:
     """TRM loss. Returns ``(loss, metrics)``; metrics add ``mask/seq_fraction`` (rejected
-    rows among rows with loss tokens)."""
+    rows among rows with loss tokens) and ``trm/seq_rejected/count`` / ``/fraction``."""
     inp = c.read_inputs(logp_pi, batch)
-    lr = c.sg(inp.logp_pi) - inp.logp_mu
-    keep = trm_mask(lr, inp.loss_mask, cfg.threshold, cfg.criterion)
+    keep = _trm_keep(inp, cfg)
     lp, lmu, adv = c.gate(keep, inp.logp_pi, inp.logp_mu, inp.advantages)
     loss_tok, lo, hi = c.ppo_clip_loss(c.ratio(lp, lmu), adv, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
-    loss = aggregate(loss_tok, keep, inp.loss_mask, inp.num_loss_tokens, cfg.aggregation, cfg.l_norm)
+    loss = c.agg(inp, loss_tok, keep, cfg, c.kept_count(inp, keep))
     metrics = {"loss/pg": loss, **c.base_metrics(inp, keep, lo, hi)}
     rows = jnp.any(inp.loss_mask, axis=1)
     metrics["mask/seq_fraction"] = c.fraction(~jnp.any(keep, axis=1), rows)
+    metrics.update(_seq_counts("trm/seq_rejected", ~jnp.any(keep, axis=1), rows))
     return loss, c.f32_metrics(metrics)

@@ -1,0 +1,171 @@
+"""Per-token diagnostics of one optimizer step, and their reduction over a rollout batch.
+
+`token_sums` turns the ``[..., T]`` arrays of an optimizer batch (any leading axes, e.g.
+``[M, b, T]`` microbatched) into sums and maxima over its loss tokens; `finalize` turns
+them into the logged metrics; `reduce_over_steps` reduces the metrics of the optimizer
+steps of one rollout batch (mini-batches x epochs) to one record (the rules are in its
+docstring).
+
+Metrics of one optimizer step (over its loss tokens; nats for entropies):
+
+* ``tokens/num_loss_tokens``; ``entropy_pi/mean`` (full-vocabulary entropy of pi);
+* ``entropy_mu/mean`` and ``ratio_by_entropy/b{i}/{count,delta_sq_mean,entropy_mean}``
+  (`entr_jax.metrics.ratio_by_entropy_bucket_sums`) over the loss tokens whose behavior
+  entropy is known (``batch.entropy_mu_valid``; a sampler's non-finite entropy is
+  excluded, never averaged); ``tokens/entropy_mu_unknown`` counts the others;
+* ``log_ratio_pi_mu/mean``, ``log_ratio_pi_mu/abs_max``; ``kl_mu_pi/k3``
+  (`entr_jax.metrics.k3_sum`);
+* ``ess/token_fraction``: effective sample size over N of the token importance weights
+  ``w = pi/mu``, ``(sum w)^2 / (N sum w^2)`` (Kong 1992; 1 on-policy, small when a few
+  tokens carry the weight, an early sign of collapse under staleness);
+  ``ess/seq_fraction``: the same for the sequence weights
+  ``W_i = exp(clip(sum_t log(pi/mu), -20, 20))`` over rows with loss tokens (the
+  ``rho_ess`` of VCPO, arXiv 2602.17616);
+* ``staleness/mean``, ``staleness/max``: ``version - token_version`` with the version
+  before the update;
+* histograms ``hist/log_ratio_pi_mu`` and ``hist/entropy_pi`` with edges
+  `HISTOGRAM_EDGES` (values outside are clamped into the end buckets).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from entr_jax import metrics as diag
+
+__all__ = ["HISTOGRAM_EDGES", "finalize", "reduce_over_steps", "token_sums"]
+
+HISTOGRAM_EDGES: dict[str, np.ndarray] = {
+    "hist/log_ratio_pi_mu": np.linspace(-2.0, 2.0, 41, dtype=np.float32),
+    "hist/entropy_pi": np.linspace(0.0, 12.0, 49, dtype=np.float32),
+}
+
+_LOG_CLIP = 20.0
+
+
+def _masked_hist(x: jax.Array, mask: jax.Array, edges: np.ndarray) -> jax.Array:
+    clipped = jnp.clip(x, edges[0], edges[-1]).reshape(-1)
+    counts, _ = jnp.histogram(clipped, bins=jnp.asarray(edges), weights=mask.reshape(-1).astype(jnp.float32))
+    return counts.astype(jnp.float32)
+
+
+def token_sums(logp: jax.Array, entropy: jax.Array, batch: Any, version: jax.Array) -> tuple[dict, dict]:
+    """Sums and maxima over the loss tokens of ``batch`` (``[..., T]`` fields).
+
+    Args:
+      logp, entropy: ``[..., T] f32`` log-probs and entropies of pi on the batch.
+      batch: `entr_jax.types.Batch` with the same leading axes.
+      version: ``[] int32`` learner version the staleness is measured against.
+
+    Returns:
+      ``(sums, maxes)`` dicts of f32 arrays for `finalize`.
+    """
+    mask = batch.loss_mask
+    f32 = jnp.float32
+    valid_h = mask if batch.entropy_mu_valid is None else mask & batch.entropy_mu_valid
+    log_ratio = jnp.where(mask, logp - batch.logp_mu, 0.0)
+    ent = jnp.where(mask, entropy, 0.0)
+    ent_mu = jnp.where(valid_h, batch.entropy_mu, 0.0)
+    staleness = jnp.where(mask, (version - batch.token_version).astype(f32), 0.0)
+    w = jnp.where(mask, jnp.exp(jnp.clip(log_ratio, -_LOG_CLIP, _LOG_CLIP)), 0.0)
+    rows = jnp.any(mask, axis=-1)
+    seq_w = jnp.where(rows, jnp.exp(jnp.clip(jnp.sum(log_ratio, axis=-1), -_LOG_CLIP, _LOG_CLIP)), 0.0)
+    sums = {
+        "tokens/num_loss_tokens": jnp.sum(mask, dtype=f32),
+        "tokens/entropy_mu_unknown": jnp.sum(mask & ~valid_h, dtype=f32),
+        "entropy_pi/sum": jnp.sum(ent),
+        "entropy_mu/sum": jnp.sum(ent_mu),
+        "entropy_mu/count": jnp.sum(valid_h, dtype=f32),
+        "kl_mu_pi/k3_sum": diag.k3_sum(log_ratio, mask),
+        **diag.ratio_by_entropy_bucket_sums(log_ratio, ent_mu, valid_h),
+        "log_ratio_pi_mu/sum": jnp.sum(log_ratio),
+        "staleness/sum": jnp.sum(staleness),
+        "ess/w_sum": jnp.sum(w),
+        "ess/w_sq_sum": jnp.sum(w * w),
+        "ess/seq_count": jnp.sum(rows, dtype=f32),
+        "ess/seq_w_sum": jnp.sum(seq_w),
+        "ess/seq_w_sq_sum": jnp.sum(seq_w * seq_w),
+        "hist/log_ratio_pi_mu": _masked_hist(log_ratio, mask, HISTOGRAM_EDGES["hist/log_ratio_pi_mu"]),
+        "hist/entropy_pi": _masked_hist(ent, mask, HISTOGRAM_EDGES["hist/entropy_pi"]),
+    }
+    maxes = {
+        "log_ratio_pi_mu/abs_max": jnp.max(jnp.abs(log_ratio)),
+        "staleness/max": jnp.max(jnp.where(mask, staleness, -jnp.inf)),
+    }
+    return sums, maxes
+
+
+def _ess_fraction(w_sum: jax.Array, w_sq_sum: jax.Array, n: jax.Array) -> jax.Array:
+    """``(sum w)^2 / (n sum w^2)``; 1 when there is nothing to weigh."""
+    return jnp.where(n > 0, w_sum * w_sum / jnp.maximum(n * w_sq_sum, 1e-30), 1.0)
+
+
+def finalize(sums: dict, maxes: dict) -> dict[str, jax.Array]:
+    """Metrics of one optimizer step from `token_sums` (see the module docstring)."""
+    n_tok = jnp.maximum(sums["tokens/num_loss_tokens"], 1.0)
+    return {
+        "tokens/num_loss_tokens": sums["tokens/num_loss_tokens"],
+        "tokens/entropy_mu_unknown": sums["tokens/entropy_mu_unknown"],
+        "entropy_pi/mean": sums["entropy_pi/sum"] / n_tok,
+        "entropy_mu/mean": sums["entropy_mu/sum"] / jnp.maximum(sums["entropy_mu/count"], 1.0),
+        "kl_mu_pi/k3": sums["kl_mu_pi/k3_sum"] / n_tok,
+        **diag.bucket_means(sums),
+        "log_ratio_pi_mu/mean": sums["log_ratio_pi_mu/sum"] / n_tok,
+        "log_ratio_pi_mu/abs_max": jnp.maximum(maxes["log_ratio_pi_mu/abs_max"], 0.0),
+        "ess/token_fraction": _ess_fraction(sums["ess/w_sum"], sums["ess/w_sq_sum"], sums["tokens/num_loss_tokens"]),
+        "ess/seq_fraction": _ess_fraction(sums["ess/seq_w_sum"], sums["ess/seq_w_sq_sum"], sums["ess/seq_count"]),
+        "staleness/mean": sums["staleness/sum"] / n_tok,
+        "staleness/max": jnp.maximum(maxes["staleness/max"], 0.0),
+        "hist/log_ratio_pi_mu": sums["hist/log_ratio_pi_mu"],
+        "hist/entropy_pi": sums["hist/entropy_pi"],
+    }
+
+
+_SUMMED = ("train/skipped", "train/empty", "train/applied", "train/nonfinite_loss", "train/nonfinite_grad")
+_LAST = ("train/param_norm", "train/learning_rate")
+_PLAIN_MEAN = ("train/grad_norm", "train/update_norm")
+
+
+def reduce_over_steps(stacked: dict[str, jax.Array], num_epochs: int) -> dict[str, jax.Array]:
+    """One record for a rollout batch from the metrics of its K optimizer steps.
+
+    ``stacked`` maps each metric to its ``[K, ...]`` values (K = mini-batches x epochs, in
+    the order they ran). Rules, by key:
+
+    * ``train/skipped``, ``train/empty``, ``train/applied``, ``train/nonfinite_loss``,
+      ``train/nonfinite_grad``: summed (numbers of optimizer steps);
+    * ``train/param_norm``, ``train/learning_rate``: the last step's;
+    * ``train/grad_norm``, ``train/update_norm``: mean over the K steps;
+    * keys ending in ``/max`` or ``/min``: max or min over the steps;
+    * ``hist/*``, ``tokens/*`` and keys ending in ``/count``: summed over the steps and
+      divided by ``num_epochs`` (the counts of one pass over the rollout batch);
+    * everything else (objective metrics, means and fractions over loss tokens): mean
+      over the steps weighted by each step's loss tokens (``tokens/num_loss_tokens``),
+      i.e. the pooled value over every token the round trained on.
+    """
+    weights = stacked["tokens/num_loss_tokens"].astype(jnp.float32)
+    total = jnp.sum(weights)
+    k = weights.shape[0]
+    norm_w = jnp.where(total > 0, weights / jnp.maximum(total, 1.0), 1.0 / k)
+    out = {}
+    for key, value in stacked.items():
+        value = value.astype(jnp.float32)
+        if key in _SUMMED:
+            out[key] = jnp.sum(value, axis=0)
+        elif key in _LAST:
+            out[key] = value[-1]
+        elif key in _PLAIN_MEAN:
+            out[key] = jnp.mean(value, axis=0)
+        elif key.endswith("/max"):
+            out[key] = jnp.max(value, axis=0)
+        elif key.endswith("/min"):
+            out[key] = jnp.min(value, axis=0)
+        elif key.startswith(("hist/", "tokens/")) or key.endswith("/count"):
+            out[key] = jnp.sum(value, axis=0) / num_epochs
+        else:
+            out[key] = jnp.tensordot(norm_w, value, axes=1)
+    return out

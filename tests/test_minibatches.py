@@ -1,0 +1,125 @@
+"""PPO mini-batches and epochs (issue 11, item 3): several optimizer updates per rollout
+batch, ``logp_prox`` computed once before the first, one policy version per rollout batch,
+the optimizer's own counter for the schedule, and the documented reduction of the
+per-update metrics. Tiny real `Decoder` (the one of test_learner_step)."""
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from entr_jax.objectives import make_objective
+from entr_jax.sharding import MeshConfig
+from entr_jax.types import Trajectory
+from learners.learner import Learner, LearnerConfig
+from learners.optim import OptimizerConfig
+from tests.test_learner_step import _module, _trajectories
+
+N = 8
+
+
+def _config(minibatches: int, epochs: int) -> LearnerConfig:
+    return LearnerConfig(mesh=MeshConfig(1, 1, 1), num_minibatches=minibatches, num_epochs=epochs,
+                         optimizer=OptimizerConfig(learning_rate=0.05, max_grad_norm=None),
+                         chunk_size=8, min_length=16)
+
+
+def _learner(minibatches: int, epochs: int) -> Learner:
+    return Learner(_module, _config(minibatches, epochs), objective=make_objective("decoupled_ppo"),
+                   devices=jax.devices()[:1])
+
+
+def _off_policy(trajs, logp0, shift=2.0):
+    """The same episodes with ``logp_mu = logp_pi(theta_0) - shift`` on every response token:
+    strongly off-policy (``prox/mu = e^2 = 7.39``)."""
+    out = []
+    for i, t in enumerate(trajs):
+        p, r = len(t.prompt_ids), len(t.response_ids)
+        lp = logp0[i, p - 1:p - 1 + r] - shift
+        out.append(Trajectory(prompt_ids=t.prompt_ids, response_ids=t.response_ids, logp_mu=lp.astype(np.float32),
+                              entropy_mu=t.entropy_mu, token_version=np.zeros(r, np.int32),
+                              loss_mask=np.ones(r, bool)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def rounds():
+    """Learner A: 2 mini-batches x 2 epochs on 8 episodes. Learner B: one update on A's
+    first mini-batch (episodes 0-3), i.e. A's weights after its first update."""
+    trajs, _ = _trajectories(N, seed=5)
+    adv = np.array([1.0, -1.0, 0.5, -0.5, 1.5, -1.5, 1.0, -1.0], np.float32)
+    a = _learner(2, 2)
+    logp0 = a.token_logprobs(trajs)["logp_pi"]
+    trajs = _off_policy(trajs, logp0)
+    prepared, _ = a.prepare(trajs, adv)
+    calls = []
+    inner = a.logprob_fn
+    a.logprob_fn = lambda *args: (calls.append(1), inner(*args))[1]
+    a.train_on(trajs, adv)
+    per_update = jax.device_get(a.last_update_metrics)
+    count_1 = int(optax.tree_utils.tree_get_all_with_path(a.state.opt_state, "count")[0][1])
+    version_1 = a.version
+    round_metrics = a.flush()
+    b = _learner(1, 1)
+    b.train_on(trajs[:4], adv[:4])
+    logp1_second_half = b.token_logprobs(trajs[4:])
+    return dict(trajs=trajs, adv=adv, a=a, logp0=logp0, prepared=prepared, calls=len(calls),
+                per_update=per_update, round=round_metrics, count_1=count_1, version_1=version_1,
+                logp1=logp1_second_half)
+
+
+def test_proximal_log_probs_are_computed_once_before_the_first_update(rounds):
+    prox = np.asarray(rounds["prepared"].logp_prox).reshape(N, -1)
+    mask = np.asarray(rounds["prepared"].loss_mask).reshape(N, -1)
+    np.testing.assert_allclose(prox[mask], rounds["logp0"][mask], atol=1e-6)
+    assert rounds["calls"] == 1  # one log-prob pass (prox) for 4 optimizer updates
+
+
+def test_clip_fires_after_the_first_update_and_matches_hand_computation(rounds):
+    per = rounds["per_update"]
+    clip = per["clip/frac_low"] + per["clip/frac_high"]
+    # update 0: pi == prox exactly on mini-batch 0, so u = 1 and nothing is clipped
+    assert clip[0] == 0.0
+    # update 1: mini-batch 1 (episodes 4-7) under the weights after update 0, which B has.
+    # u = exp(logp_pi - logp_prox); clipped: u > 1.2 with A > 0 or u < 0.8 with A < 0.
+    logp1, mask = rounds["logp1"]["logp_pi"], rounds["logp1"]["loss_mask"]
+    prox = rounds["logp0"][4:]
+    u = np.exp(logp1 - prox)
+    a_row = rounds["adv"][4:, None]
+    clipped = ((u > 1.2) & (a_row > 0)) | ((u < 0.8) & (a_row < 0))
+    expected = clipped[mask].mean()
+    assert expected > 0.1  # the trust region around prox is active
+    assert clip[1] == pytest.approx(expected, abs=1e-6)
+    assert clip[2] > 0 and clip[3] > 0  # second epoch: both mini-batches away from prox
+    # off-policy weight prox/mu = e^2 on every token (the decoupled correction)
+    np.testing.assert_allclose(per["is_weight/max"], np.e ** 2, rtol=1e-5)
+    assert np.all(per["ratio_mode/decoupled"] == 1.0)
+
+
+def test_version_counts_rollout_batches_and_the_optimizer_counts_updates(rounds):
+    assert rounds["version_1"] == 1 and rounds["count_1"] == 4
+    assert rounds["round"]["train/version"] == 1.0 and rounds["round"]["train/optimizer_steps"] == 4.0
+    a = rounds["a"]
+    a.train_on(rounds["trajs"], rounds["adv"])
+    assert a.version == 2
+    assert int(optax.tree_utils.tree_get_all_with_path(a.state.opt_state, "count")[0][1]) == 8
+    m = a.flush()
+    assert m["train/applied"] == 4.0 and m["staleness/mean"] == 1.0  # tokens of version 0, learner at 1
+
+
+def test_round_metrics_are_the_documented_reduction(rounds):
+    per, got = rounds["per_update"], rounds["round"]
+    n = per["tokens/num_loss_tokens"]
+    total = int(np.sum(rounds["prepared"].loss_mask))
+    assert n.sum() == 2 * total  # each token trained on once per epoch
+    assert got["tokens/num_loss_tokens"] == total
+    assert got["hist/log_ratio_pi_mu"].sum() == total
+    for key in ("loss", "clip/frac_high", "clip/frac_low", "mask/fraction", "entropy_pi/mean",
+                "ess/token_fraction"):
+        assert got[key] == pytest.approx(float(np.sum(n * per[key]) / n.sum()), rel=1e-5), key
+    assert got["is_weight/max"] == pytest.approx(float(per["is_weight/max"].max()))
+    assert got["train/grad_norm"] == pytest.approx(float(per["train/grad_norm"].mean()), rel=1e-6)
+    assert got["train/applied"] == 4.0 and got["train/skipped"] == 0.0
+    assert got["train/learning_rate"] == pytest.approx(0.05)
+    # on-policy weights would give ESS 1; with w = pi/mu ~ e^2 * u the spread lowers it
+    assert 0.0 < got["ess/token_fraction"] <= 1.0 and 0.0 < got["ess/seq_fraction"] <= 1.0
