@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -68,9 +69,15 @@ class MetricsLogger:
     processes every method is a no-op. Files under ``logdir``: tensorboard event files and
     ``metrics.jsonl`` (one JSON object per logged step: ``step``, ``version`` and every
     scalar metric; ``jsonl=False`` leaves it to the caller).
+
+    ``purge_step``: a run resumed at step ``s`` passes ``s``: tensorboardX records a
+    ``SessionLog.START`` at ``s`` and TensorBoard drops the earlier files' events with
+    step >= ``s`` (they are rewritten by the resumed run), so curves have no duplicate or
+    out-of-order steps.
     """
 
-    def __init__(self, logdir: str | Path, *, enabled: bool | None = None, jsonl: bool = True):
+    def __init__(self, logdir: str | Path, *, enabled: bool | None = None, jsonl: bool = True,
+                 purge_step: int | None = None):
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
         self.logdir = Path(logdir)
         self._writer = None
@@ -79,7 +86,11 @@ class MetricsLogger:
             from tensorboardX import SummaryWriter
 
             self.logdir.mkdir(parents=True, exist_ok=True)
-            self._writer = SummaryWriter(str(self.logdir))
+            # tensorboardX names files by the second and opens them with "wb": the ns
+            # suffix keeps a second writer in the same second from overwriting the first
+            # one's file, and sorts after it (TensorBoard reads files in name order)
+            self._writer = SummaryWriter(str(self.logdir), purge_step=purge_step,
+                                         filename_suffix=f".{time.time_ns()}")
             if jsonl:
                 self._jsonl = open(self.logdir / "metrics.jsonl", "a", encoding="utf-8")
 
