@@ -57,7 +57,11 @@ class SweepRun:
     def command(self, preset: str, resume: bool = False) -> list[str]:
         args = [sys.executable, "-m", "experiments.run", preset, "--run_dir", str(self.run_dir)]
         for key, value in self.overrides.items():
-            args += [f"--{key}", _cli_value(value)]
+            if isinstance(value, bool):  # tyro's boolean flags: --a.b / --a.no_b
+                head, _, leaf = key.rpartition(".")
+                args.append(f"--{key}" if value else f"--{head + '.' if head else ''}no_{leaf}")
+            else:
+                args += [f"--{key}", _cli_value(value)]
         if resume:
             args.append("--resume")
         return args

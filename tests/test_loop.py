@@ -183,9 +183,10 @@ def test_bad_config_fails_before_any_work_naming_the_field(args, field, capsys):
 
 
 def test_cli_overrides_reach_the_config():
-    cfg, resume = cli.parse(["quickstart", "--rl_steps", "7", "--objective.name", "grpo",
-                             "--staleness.inter_lag", "5", "--resume"])
-    assert (cfg.rl_steps, cfg.objective.name, cfg.staleness.inter_lag, resume) == (7, "grpo", 5, True)
+    cfg, opts = cli.parse(["quickstart", "--rl_steps", "7", "--objective.name", "grpo",
+                           "--staleness.inter_lag", "5", "--resume"])
+    assert (cfg.rl_steps, cfg.objective.name, cfg.staleness.inter_lag) == (7, "grpo", 5)
+    assert (opts.resume, opts.resume_override, opts.debug) == (True, False, False)
 
 
 @pytest.mark.parametrize("mode", ["simulated", "async"])

@@ -34,7 +34,13 @@ def data_dir() -> pathlib.Path:
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    """Reads a JSON-lines file (blank lines skipped). Raises FileNotFoundError naming it."""
+    """Reads a JSON-lines file (blank lines skipped).
+
+    Raises:
+      FileNotFoundError: the file is missing (named).
+      ValueError: ``<path>:<line>: invalid JSON (...)``, or ``<path> holds no examples``
+        for a file without a single record (every source file is a non-empty benchmark).
+    """
     path = pathlib.Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data file not found: {path} (set ENTR_DATA_DIR?)")
@@ -46,6 +52,8 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as e:
                     raise ValueError(f"{path}:{line_no}: invalid JSON ({e})") from None
+    if not rows:
+        raise ValueError(f"{path} holds no examples (the file is empty)")
     return rows
 
 
