@@ -54,7 +54,7 @@ class CheckpointRestoreError(RuntimeError):
     """Checkpoints exist but none of them can be restored."""
 
 
-def _first_line(err: BaseException, limit: int = 160) -> str:
+def _first_line(err: BaseException, limit: int = 400) -> str:
     text = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
     text = text if len(text) <= limit else text[:limit - 3] + "..."
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
