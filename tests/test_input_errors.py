@@ -269,3 +269,18 @@ def test_cli_subprocess_exit_status_and_one_paragraph(tmp_path):
     assert lines == [f"entr-run: error: learner.mesh (data=-1, fsdp=3, tensor=1) does not tile "
                      f"the 8 cpu device(s) available: data x fsdp x tensor must equal the "
                      f"device count (-1 takes what is left)"]
+
+
+def test_the_readme_quickstart_commands_parse(capsys):
+    """Every `entr-run quickstart ...` example in README.md is accepted (the staleness
+    checks must not refuse documented commands)."""
+    import pathlib
+    import shlex
+
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    lines = [ln.split("#")[0] for ln in readme.splitlines() if ln.startswith("entr-run quickstart ")]
+    assert len(lines) >= 4
+    for line in lines:
+        argv = [a for a in shlex.split(line)[1:] if a != "--help"]
+        cfg, opts = cli.parse(argv)
+        assert cfg.name == "quickstart", line
