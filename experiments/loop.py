@@ -90,7 +90,8 @@ class Job:
         self.run = RunDir(run_dir)
         self.resume = resume
         self.show_progress = show_progress
-        if not resume and ((self.run / "metrics.jsonl").exists() or self.run.has_checkpoint()):
+        if not resume and ((self.run / "metrics.jsonl").exists() or self.run.has_checkpoint()
+                           or self.run.is_finished()):
             raise RunExistsError(
                 f"{self.run.path} already holds a run: pass --resume to continue it, or "
                 "choose another --run_dir"

@@ -242,3 +242,14 @@ def test_an_existing_run_needs_resume(finished, model_dir, capsys):
     code, _, err = call(args(model_dir, finished), capsys)
     assert (code, err) == (2, f"entr-run: error: {finished} already holds a run: pass --resume "
                               "to continue it, or choose another --run_dir\n")
+
+
+def test_a_finished_run_without_rl_steps_is_not_overwritten(tmp_path, model_dir, capsys):
+    """A warm-start-only run (``--rl_steps 0``, like runs/sft_base) has no metrics or
+    checkpoints, only summary.json: running into it again needs --resume too."""
+    run_dir = tmp_path / "sft_base"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text("{}")
+    code, _, err = call(args(model_dir, run_dir, "--rl_steps", "0"), capsys)
+    assert (code, err) == (2, f"entr-run: error: {run_dir} already holds a run: pass --resume "
+                              "to continue it, or choose another --run_dir\n")
