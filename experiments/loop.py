@@ -202,7 +202,7 @@ class Job:
         m = learner.flush()
         records.append({"step": sft.steps - 1, "loss": m["loss"]})
         # its own TensorBoard run (tb/sft): a resume purges RL steps of tb/, not SFT's
-        sft_tb = MetricsLogger(self.run / "tb" / "sft", jsonl=False)
+        sft_tb = MetricsLogger(self.run / "tb" / "sft", jsonl=False, purge_step=0)
         for r in records:
             self.run.append_jsonl("sft.jsonl", r)
             sft_tb.log(r["step"], None, {"sft/loss": r["loss"]})
@@ -429,9 +429,10 @@ class Job:
         self.run.start(cfg.to_json())
         self.setup()
         book = self._restore() if self.plan is not None and self.plan.action == "continue" else None
-        # a resumed run rewrites steps >= its start: TensorBoard drops the earlier events there
+        # a run rewrites steps >= its start (0 when fresh): TensorBoard drops earlier
+        # sessions' events there, so curves never hold duplicate or out-of-order steps
         self.logger = MetricsLogger(self.run / "tb", jsonl=False,
-                                    purge_step=None if book is None else book["start_step"])
+                                    purge_step=0 if book is None else book["start_step"])
         if book is None:
             for name in ("metrics.jsonl", "timing.jsonl", "sft.jsonl"):
                 (self.run / name).unlink(missing_ok=True)
