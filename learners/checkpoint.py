@@ -197,9 +197,6 @@ class CheckpointManager:
                 result = self.restore(step, target, shardings)
                 result["verified"] = (self.verify(step, result) if self.verify is not None
                                       else None)
-                if tried:
-                    self._set_aside(tried)
-                return result
             except Exception as err:  # noqa: BLE001 - any unreadable checkpoint falls back
                 tried.append(step)
                 self._log(f"checkpoint step {step} at {self.directory / str(step)} could not "
@@ -210,6 +207,10 @@ class CheckpointManager:
                         f"restored ({_first_line(err)}); falling back to step "
                         f"{steps[-i - 2]} (details: {self.log_file})",
                         CheckpointFallbackWarning, stacklevel=2)
+                continue
+            if tried:
+                self._set_aside(tried)
+            return result
         raise CheckpointRestoreError(
             f"no checkpoint in {self.directory} can be restored (tried steps "
             f"{', '.join(map(str, tried))}); details: {self.log_file}")
