@@ -284,3 +284,39 @@ def test_the_readme_quickstart_commands_parse(capsys):
         argv = [a for a in shlex.split(line)[1:] if a != "--help"]
         cfg, opts = cli.parse(argv)
         assert cfg.name == "quickstart", line
+
+
+def test_prompt_plus_response_budget_over_the_model_context(capsys, tmp_path):
+    """Checked against the task's prompts as soon as the task is built (before any
+    evaluation or compilation): the embedded tiny model has a 512-token context."""
+    run_dir = tmp_path / "run"
+    code, err = call(["quickstart", "--run_dir", str(run_dir), "--task.max_new_tokens", "509",
+                      "--task.max_total_tokens", "509"], capsys)
+    assert code == 2
+    assert re.fullmatch(
+        r"entr-run: error: task\.max_total_tokens \(509\) plus the longest train prompt \(\d+ "
+        r"tokens, example 'gsm8k_arith/[^']+'\) exceeds the model's context "
+        r"\(max_position_embeddings 512\)", err), err
+    assert not run_dir.exists()
+    n = int(re.search(r"train prompt \((\d+) tokens", err).group(1))
+    # the boundary: prompt + budget == context fits, one more token does not
+    import dataclasses
+
+    from entr_jax.assets import tiny_dir
+    from entr_jax.tokenizer import Tokenizer
+    from experiments import preflight
+    from experiments.configs import QUICKSTART
+    from experiments.errors import ConfigError
+    from experiments.tasks import build_task
+
+    task = build_task(QUICKSTART.task)
+    tok = Tokenizer.from_pretrained(str(tiny_dir()))
+    model = preflight.read_model_config(tiny_dir())
+    for budget, ok in ((512 - n, True), (513 - n, False)):
+        cfg = dataclasses.replace(QUICKSTART, task=dataclasses.replace(
+            QUICKSTART.task, max_new_tokens=budget, max_total_tokens=budget))
+        if ok:
+            preflight.check_task(cfg, task, tok, model, max_prompt_len=4096)
+        else:
+            with pytest.raises(ConfigError, match=f"plus the longest train prompt \\({n} tokens"):
+                preflight.check_task(cfg, task, tok, model, max_prompt_len=4096)
