@@ -107,7 +107,9 @@ def parse(argv: list[str] | None = None) -> tuple[RunConfig, CliOptions]:
     name = argv[0]
     description, default = PRESETS[name]
     cfg = tyro.cli(type(default), default=default, args=argv[1:], prog=f"entr-run {name}",
-                   description=description, use_underscores=True)
+                   description=description + " Run switches (not fields): --resume, "
+                   "--resume-override, --debug; see `entr-run --help`.",
+                   use_underscores=True)
     if name in REQUIRES_MODEL_PATH and not cfg.model.path:
         raise ConfigError(f"preset {name!r} needs model.path (--model.path DIR, a local "
                           "Hugging Face checkpoint directory)")
