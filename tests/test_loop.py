@@ -218,10 +218,20 @@ def test_main_job_drives_an_sglang_fleet(small_model_dir, tmp_path, mode):
 
 def test_cli_main_returns_exit_status_zero(reference, small_model_dir, capsys):
     ref_dir, _, summary = reference
+    # the reference's own configuration (a resume with another one is refused)
     status = cli.main(["quickstart", "--run_dir", str(ref_dir), "--model.path",
-                       str(small_model_dir), "--resume"])
+                       str(small_model_dir), "--rl_steps", "4", "--token_samples_every", "2",
+                       "--task.prompts_per_step", "2", "--task.samples_per_prompt", "3",
+                       "--task.max_new_tokens", "6", "--task.max_total_tokens", "6",
+                       "--task.eval_examples", "2", "--task.eval_samples", "1",
+                       "--task.arithmetic_max_chars", "5", "--sft.steps", "0",
+                       "--staleness.inter_lag", "1", "--staleness.intra_switches", "0",
+                       "--staleness.switch_window", "16", "--checkpoint.every", "2",
+                       "--resume"])
     assert status == 0  # console scripts do sys.exit(main()): a dict would exit with 1
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "already finished (summary.json): nothing to resume" in captured.err
+    out = captured.out
     assert json.loads(out[:out.rindex("}") + 1])["rl_steps"] == summary["rl_steps"]
 
 
