@@ -23,6 +23,22 @@ from learners.optim import OptimizerConfig
 _ALIASES = {"estr"}  # registry aliases, not separate config sections
 
 
+# The staleness modes that read each staleness field (`entr_jax.staleness`,
+# `experiments.async_loop`); ``mode`` and ``ring_size`` are read by every mode. A field given
+# on the command line for a mode that does not read it is refused (`experiments.run`);
+# a preset's value for it is kept in config.json but has no effect (the CLI notes it).
+STALENESS_FIELD_MODES: dict[str, tuple[str, ...]] = {
+    "inter_distribution": ("simulated",),
+    "inter_lag": ("simulated",),
+    "max_inter_lag": ("simulated",),
+    "geometric_p": ("simulated",),
+    "intra_switches": ("simulated",),
+    "switch_window": ("simulated",),
+    "seed": ("simulated",),
+    "max_staleness": ("async",),
+}
+
+
 def _require(ok: bool, field: str, value: Any, what: str) -> None:
     if not ok:
         raise ValueError(f"{field} must be {what}, got {value!r}")
@@ -76,10 +92,14 @@ class TaskSpec:
         questions over a local BM25 corpus).
       template: ``plain`` for base models, ``chat`` for instruct models.
       prompts_per_step: P prompts per rollout batch.
-      samples_per_prompt: G samples per prompt (the GRPO group).
+      samples_per_prompt: G samples per prompt (the GRPO group; >= 2, since every
+        advantage estimator is group-relative and a group of one has advantage 0).
       max_new_tokens: generation budget per turn.
       max_turns: turns per episode (multi-turn tasks).
-      max_total_tokens: bound on prompt + response tokens per episode.
+      max_total_tokens: bound on the response tokens of one episode, policy and
+        environment tokens together, all turns (the prompt does not count;
+        `entr_jax.tasks.rollout`); >= ``max_new_tokens``. Checked against the model's
+        context (``max_position_embeddings``) with the task's longest prompt before any work.
       eval_examples: held-out examples per evaluation benchmark (0 = all).
       eval_samples: k samples per example for avg@k / pass@k (sampled evaluation).
       arithmetic_max_chars: ``arithmetic`` only: longest expression kept (characters,
@@ -105,6 +125,10 @@ class TaskSpec:
                   "max_total_tokens", "eval_samples"):
             _require(getattr(self, f) >= 1, f"task.{f}", getattr(self, f), ">= 1")
         _require(self.eval_examples >= 0, "task.eval_examples", self.eval_examples, ">= 0")
+        _require(self.max_total_tokens >= self.max_new_tokens, "task.max_total_tokens",
+                 self.max_total_tokens, f">= task.max_new_tokens ({self.max_new_tokens}); the "
+                 "episode budget counts response tokens only, so a smaller one would silently "
+                 "cut every generation")
         _require(bool(self.arithmetic_ops) and set(self.arithmetic_ops) <= set("+-*/"),
                  "task.arithmetic_ops", self.arithmetic_ops, "a non-empty subset of '+-*/'")
 
@@ -157,7 +181,7 @@ class SamplingSpec:
     from before its filters (``docs/sglang.md``), which could not be matched.
 
     Attributes:
-      temperature: softmax temperature (> 0).
+      temperature: softmax temperature, > 0 (greedy evaluation uses top-1, not T = 0).
       top_p: nucleus mass in (0, 1]; 1 = off.
       top_k: keep the k most likely tokens (>= 1); -1 = off.
       min_p: minimum probability relative to the mode, in [0, 1); 0 = off.
@@ -173,9 +197,13 @@ class SamplingSpec:
         check_filter(self.top_k, self.top_p, self.min_p, prefix="sampling.")
 
 
+# the registry's names as a Literal, so ``--help`` lists them and tyro refuses others
+ObjectiveName = Literal[tuple(sorted(OBJECTIVES))]  # type: ignore[valid-type]
+
+
 def _objective_spec_class() -> type:
     fields: list[tuple[str, Any, Any]] = [
-        ("name", str, dataclasses.field(default="entr")),
+        ("name", ObjectiveName, dataclasses.field(default="entr")),
     ]
     for name, (_, cfg_cls) in OBJECTIVES.items():
         if name in _ALIASES:
@@ -198,7 +226,10 @@ def _objective_spec_class() -> type:
     )
     cls.__doc__ = (
         "The objective: ``name`` selects one of the registry's methods; every method's "
-        "hyperparameters are its own typed section (``objective.<name>.<field>``)."
+        "hyperparameters are its own typed section (``objective.<name>.<field>``).\n\n"
+        "Attributes:\n"
+        "  name: the method (`entr_jax.objectives.OBJECTIVES`; ``estr`` is the paper's "
+        "name for ``entr`` and reads ``objective.entr``).\n"
     )
     cls.__module__ = __name__
     return cls
@@ -229,6 +260,7 @@ class SFTSpec:
         _require(self.steps >= 0, "sft.steps", self.steps, ">= 0")
         _require(self.batch_size >= 1, "sft.batch_size", self.batch_size, ">= 1")
         _require(self.learning_rate > 0, "sft.learning_rate", self.learning_rate, "> 0")
+        _require(self.warmup_steps >= 0, "sft.warmup_steps", self.warmup_steps, ">= 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,7 +320,9 @@ class RunConfig:
       rl_steps: rollout batches RL trains on (each gives ``learner.minibatches *
         learner.epochs`` optimizer updates and one new policy version).
       token_samples_every: store per-token (delta, entropy_mu) samples for the analysis
-        notebooks every this many steps (0 = never).
+        notebooks every this many steps (0 = never; >= 0).
+      objective: the loss. ``--objective.name`` selects the method (a registry name);
+        every method's hyperparameters are their own section ``--objective.<name>.<field>``.
     """
 
     name: str = "run"
@@ -302,7 +336,7 @@ class RunConfig:
     data: DataSpec = DataSpec()
     sampling: SamplingSpec = SamplingSpec()
     advantages: AdvantageConfig = AdvantageConfig()
-    objective: ObjectiveSpec = ObjectiveSpec()  # type: ignore[valid-type]
+    objective: ObjectiveSpec = ObjectiveSpec()
     optim: OptimizerConfig = OptimizerConfig(learning_rate=1e-4)
     sft: SFTSpec = SFTSpec()
     learner: LearnerSpec = LearnerSpec()
@@ -316,6 +350,13 @@ class RunConfig:
         rows = self.task.prompts_per_step * self.task.samples_per_prompt
         _require(self.learner.minibatches <= rows, "learner.minibatches", self.learner.minibatches,
                  f"<= the rollout batch's {rows} rows (task.prompts_per_step * task.samples_per_prompt)")
+        _require(self.token_samples_every >= 0, "token_samples_every", self.token_samples_every,
+                 ">= 0 (0 = never)")
+        _require(self.task.samples_per_prompt >= 2, "task.samples_per_prompt",
+                 self.task.samples_per_prompt,
+                 f">= 2 with advantages.estimator={self.advantages.estimator!r}: the "
+                 "advantage is relative to the prompt's group, so a group of one gets "
+                 "advantage 0 and nothing is trained")
         _require(
             not (self.sampler.kind == "sglang" and self.staleness.mode == "simulated"
                  and self.staleness.intra_switches > 0),

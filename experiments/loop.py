@@ -19,8 +19,12 @@ Staleness modes (`entr_jax.staleness`):
 
 A checkpoint (every ``checkpoint.every`` steps and at the end) holds the learner state,
 the data-iterator position, the delay line contents and the loop's bookkeeping; the
-parameter ring goes to ``ring/<step>.npz``. ``--resume`` restores all of it and drops
-metric lines past the checkpoint, so a killed run loses and repeats no batch.
+parameter ring goes to ``ring/<step>.npz`` (written atomically; its size and versions
+are stored in the checkpoint). ``--resume`` restores all of it and drops metric lines past
+the checkpoint, so a killed run loses and repeats no batch; a checkpoint whose weights or
+ring file cannot be read falls back to the next older one. What a resume may change is
+decided by `experiments.resume`; bad input is refused before any work by
+`experiments.preflight`.
 """
 
 from __future__ import annotations
@@ -43,20 +47,21 @@ from entr_jax.assets import tiny_dir
 from entr_jax.data import PromptBatchIterator, PromptDataConfig
 from entr_jax.evaluation import benchmark_metrics
 from entr_jax.interfaces import SamplingParams
-from entr_jax.model import Decoder, ModelConfig, from_pretrained, save_pretrained
+from entr_jax.model import Decoder, from_pretrained, save_pretrained
 from entr_jax.staleness import DelayLine, ParamRing
 from entr_jax.tasks.rollout import run_episodes
 from entr_jax.tokenizer import Tokenizer
-from experiments import reference
+from experiments import preflight, reference, resume as resume_policy
 from experiments import rollouts as ro
 from experiments import state_io
 from experiments.config import RunConfig
+from experiments.errors import RunError
 from experiments.objective import build_objective
 from experiments.rundir import RunDir
 from experiments.tasks import TaskBundle, build_task, demo_trajectory
 from learners.checkpoint import CheckpointManager
 from learners.learner import Learner, LearnerConfig
-from learners.logging import make_logger
+from learners.logging import MetricsLogger, make_logger
 from learners.optim import OptimizerConfig
 from samplers.jax_sampler import JaxSampler, JaxSamplerConfig
 
@@ -65,7 +70,7 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 _TIMING_PREFIXES = ("time/", "throughput/")
 
 
-class RunExistsError(FileExistsError):
+class RunExistsError(RunError, FileExistsError):
     """The run directory already holds a run and ``--resume`` was not given."""
 
 
@@ -77,23 +82,32 @@ def _split_timing(record: dict[str, Any]) -> tuple[dict, dict]:
 class Job:
     """One run of `RunConfig` (see the module docstring)."""
 
-    def __init__(self, cfg: RunConfig, *, resume: bool = False, show_progress: bool = True):
+    def __init__(self, cfg: RunConfig, *, resume: bool = False, resume_override: bool = False,
+                 show_progress: bool = True):
+        """Check everything that can be checked before any work (run directory, resume
+        policy, devices, model config); raises `experiments.errors.RunError` subclasses,
+        `RunExistsError`."""
         self.cfg = cfg
-        self.run = RunDir(cfg.run_dir or f"runs/{cfg.name}")
+        run_dir = cfg.run_dir or f"runs/{cfg.name}"
+        preflight.check_run_dir(run_dir, "run_dir" if cfg.run_dir else "name")
+        self.run = RunDir(run_dir)
         self.resume = resume
         self.show_progress = show_progress
-        if not resume and ((self.run / "metrics.jsonl").exists() or self.run.has_checkpoint()):
+        if not resume and ((self.run / "metrics.jsonl").exists() or self.run.has_checkpoint()
+                           or self.run.is_finished()):
             raise RunExistsError(
                 f"{self.run.path} already holds a run: pass --resume to continue it, or "
                 "choose another --run_dir"
             )
+        self.plan = (resume_policy.plan_resume(self.run, cfg.to_json(), resume_override)
+                     if resume else None)
+        preflight.check_devices(cfg)
+        self.model_cfg = preflight.read_model_config(cfg.model.path or tiny_dir())
 
     # ------------------------------------------------------------------ construction
     def _policy(self):
         spec = self.cfg.model
-        model_dir = spec.path or str(tiny_dir())
-        with open(f"{model_dir}/config.json") as f:
-            model_cfg = ModelConfig.from_hf_config(json.load(f))
+        model_cfg = self.model_cfg
         dtype, pdtype = _DTYPES[spec.dtype], _DTYPES[spec.param_dtype]
         seed = spec.init_seed
 
@@ -104,7 +118,7 @@ class Job:
         if spec.path:
             loaded = from_pretrained(spec.path, dtype=dtype, param_dtype=pdtype)
             weights = nnx.split(loaded, nnx.Param, ...)[1]
-        return Tokenizer.from_pretrained(model_dir), module_fn, weights
+        return module_fn, weights
 
     def _learner_config(self, optimizer: OptimizerConfig, pad_id: int) -> LearnerConfig:
         lc = self.cfg.learner
@@ -160,7 +174,17 @@ class Job:
             out["benchmarks"][name] = benchmark_metrics(
                 per_example, ks=ks, greedy=[ro.is_correct(t) for t in greedy])
         self.run.write_json(f"eval/{phase}.json", out)
+        self._log_eval(out)
         return out
+
+    def _log_eval(self, out: dict[str, Any]) -> None:
+        """TensorBoard ``eval/<phase>/<benchmark>/{avg_at_k, pass_at_k, greedy}`` at the RL
+        step (the policy version) the phase evaluates (TensorBoard tags cannot hold "@")."""
+        k = str(self.cfg.task.eval_samples)
+        scalars = {f"eval/{out['phase']}/{bench}/{key.replace('@n', '@' + k).replace('@', '_at_')}":
+                   value for bench, m in out["benchmarks"].items() for key, value in m.items()
+                   if key not in ("num_examples", "num_samples")}
+        self.logger.log(out["version"], None, scalars)
 
     def warm_start(self, module_fn) -> Any:
         """Supervised warm start on the task's demonstrations; returns the params."""
@@ -185,8 +209,12 @@ class Job:
                 bar.set_postfix(loss=f"{m['loss']:.3f}")
         m = learner.flush()
         records.append({"step": sft.steps - 1, "loss": m["loss"]})
+        # its own TensorBoard run (tb/sft): a resume purges RL steps of tb/, not SFT's
+        sft_tb = MetricsLogger(self.run / "tb" / "sft", jsonl=False, purge_step=0)
         for r in records:
             self.run.append_jsonl("sft.jsonl", r)
+            sft_tb.log(r["step"], None, {"sft/loss": r["loss"]})
+        sft_tb.close()
         params = learner.state.params
         learner.close()
         return params
@@ -200,16 +228,28 @@ class Job:
                 shutil.copy(source / name, pathlib.Path(path) / name)
 
     # ------------------------------------------------------------------ main
+    def prepare_task(self) -> None:
+        """Tokenizer and task, checked (`preflight.check_task`) before anything is written."""
+        cfg = self.cfg
+        self.tokenizer = Tokenizer.from_pretrained(cfg.model.path or str(tiny_dir()))
+        self.task: TaskBundle = build_task(cfg.task, cfg.verifier, data_dir=cfg.data.dir)
+        preflight.check_task(cfg, self.task, self.tokenizer, self.model_cfg,
+                             max_prompt_len=(JaxSamplerConfig().max_prompt_len
+                                             if cfg.sampler.kind == "jax" else None))
+
     def setup(self) -> None:
         cfg = self.cfg
-        self.tokenizer, self.module_fn, weights = self._policy()
-        self.task: TaskBundle = build_task(cfg.task, cfg.verifier, data_dir=cfg.data.dir)
+        if not hasattr(self, "task"):
+            self.prepare_task()
+        self.module_fn, weights = self._policy()
         self.objective = build_objective(cfg)
         self.learner = Learner(
             self.module_fn,
             self._learner_config(cfg.optim, self.tokenizer.pad_token_id),
             objective=self.objective,
-            checkpoint=CheckpointManager(self.run.checkpoint_dir, max_to_keep=cfg.checkpoint.keep),
+            checkpoint=CheckpointManager(self.run.checkpoint_dir, max_to_keep=cfg.checkpoint.keep,
+                                         log_file=self.run / "logs" / "checkpoint.log",
+                                         verify=self._restore_ring),
         )
         if weights is not None:
             self.learner.load_params(weights)
@@ -218,8 +258,6 @@ class Job:
             self.task.train, PromptDataConfig(batch_size=cfg.task.prompts_per_step, seed=cfg.seed))
         self.line = DelayLine(cfg.staleness)
         self.ring: ParamRing = ParamRing(cfg.staleness.ring_size)
-        self.logger = make_logger(self.run / "tb", cfg.logging, run_dir=self.run.path,
-                                  name=cfg.name, resume=self.resume, jsonl=False)
         self._pending: list[dict[str, Any]] = []  # loop records awaiting learner metrics
 
     def _make_sampler(self):
@@ -346,26 +384,41 @@ class Job:
         if pending is None:
             pending = list(self.line.state_dict()["pending"].values())
         queue = {"delay_line": state_io.delay_line_json(self.line, pending, next_step),
-                 "book": book}
-        if self.run.writer:
-            state_io.save_ring(self.run / "ring" / f"{next_step}.npz", self.ring)
-        self.learner.save(data_state=self.data.get_state(), queue_state=queue,
-                          config=json.loads(self.cfg.to_json()))
+                 "book": book, "ring": None}
+        if self.run.writer:  # the ring first: a checkpoint never lacks its ring file
+            queue["ring"] = state_io.save_ring(self.run / "ring" / f"{next_step}.npz", self.ring)
+        saved = self.learner.save(data_state=self.data.get_state(), queue_state=queue,
+                                  config=json.loads(self.cfg.to_json()))
+        if not saved:  # orbax skips a step that already exists: never silently
+            raise RunError(f"checkpoint step {next_step} was not saved: "
+                           f"{self.run.checkpoint_dir / str(next_step)} already exists")
         self.learner.checkpoint.wait()
         state_io.prune_rings(self.run / "ring", self.learner.checkpoint.all_steps())
+
+    def _restore_ring(self, step: int, restored: dict[str, Any]) -> ParamRing:
+        """The parameter ring saved with checkpoint ``step``, read and checked against the
+        record in the checkpoint; raising makes the restore fall back to an older one."""
+        queue = restored["queue_state"]
+        return state_io.load_ring(self.run / "ring" / f"{queue['book']['start_step']}.npz",
+                                  self.cfg.staleness.ring_size,
+                                  template=self.learner.published_weights(),
+                                  expect=queue.get("ring"))
 
     def _restore(self) -> dict[str, Any] | None:
         items = self.learner.restore_latest()
         if items is None:
+            resume_policy.say(self.run, f"no checkpoint in {self.run.checkpoint_dir}: "
+                                        "starting fresh")
             return None
         queue = items["queue_state"]
         book = queue["book"]
         self.data.set_state(items["data_state"])
         state_io.load_delay_line(self.line, queue["delay_line"])
-        state_io.load_ring(self.run / "ring" / f"{book['start_step']}.npz", self.ring,
-                           template=self.learner.published_weights())
+        self.ring = items["verified"]
         for name in ("metrics.jsonl", "timing.jsonl"):
             self.run.truncate_jsonl(name, book["start_step"])
+        resume_policy.announce(self.run, self.plan, book["start_step"], items["path"],
+                               items["data_state"]["batch_index"])
         return book
 
     # ------------------------------------------------------------------ main
@@ -373,13 +426,23 @@ class Job:
         """Run (or resume) the job; returns the summary."""
         cfg = self.cfg
         self._t0 = time.perf_counter()
-        if self.resume and self.run.is_finished():
+        if self.plan is not None and self.plan.action == "finished":
+            resume_policy.say(self.run, f"{self.run.path} already finished (summary.json): "
+                                        "nothing to resume; showing its summary")
             return self.run.read_json("summary.json")
+        if self.plan is not None and self.plan.action == "fresh":
+            resume_policy.say(self.run, f"nothing to resume in {self.run.path} (no checkpoint)"
+                                        ": starting fresh")
+        self.prepare_task()  # bad data is refused before the run directory is written
         self.run.start(cfg.to_json())
         self.setup()
-        book = self._restore() if self.resume else None
-        fresh = book is None
-        if fresh:
+        book = self._restore() if self.plan is not None and self.plan.action == "continue" else None
+        # a run rewrites steps >= its start (0 when fresh): TensorBoard drops earlier
+        # sessions' events there, so curves never hold duplicate or out-of-order steps
+        self.logger = make_logger(self.run / "tb", cfg.logging, run_dir=self.run.path,
+                                  name=cfg.name, resume=book is not None, jsonl=False,
+                                  purge_step=0 if book is None else book["start_step"])
+        if book is None:
             for name in ("metrics.jsonl", "timing.jsonl", "sft.jsonl"):
                 (self.run / name).unlink(missing_ok=True)
             book = {"start_step": 0, "elapsed_s": 0.0, "evals": {}}
@@ -393,6 +456,7 @@ class Job:
             else:  # same weights: the initial evaluation is the one before RL
                 book["evals"]["before_rl"] = dict(book["evals"]["init"], phase="before_rl")
                 self.run.write_json("eval/before_rl.json", book["evals"]["before_rl"])
+                self._log_eval(book["evals"]["before_rl"])
             weights = self.learner.published_weights()
             self.ring.push(0, weights)
             self.logger.log_hparams(json.loads(cfg.to_json()))

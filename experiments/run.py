@@ -1,4 +1,4 @@
-"""The main job: ``entr-run PRESET [--field value ...] [--resume]``.
+"""The main job: ``entr-run PRESET [--field value ...] [--resume [--resume-override]] [--debug]``.
 
 ``PRESET`` names a complete configuration (``experiments.configs.PRESETS``); every field
 can be overridden by its dotted name, e.g.::
@@ -9,59 +9,166 @@ can be overridden by its dotted name, e.g.::
 The run directory (``runs/<name>`` unless ``--run_dir``) receives the resolved config,
 git commit, metrics, tensorboard events, checkpoints, evaluation JSON and summary.json
 (`experiments.rundir`). Also runnable as ``python -m experiments.run``.
+
+``--resume`` continues a run with the configuration it was started with; a difference
+that changes the experiment is refused (listing the fields) unless ``--resume-override``
+is given, which records it in ``resume_overrides.jsonl`` (`experiments.resume`).
+
+Errors: bad input (a field, a file, the devices, a run directory that cannot be
+written, a resume that would change the experiment) is refused before any work with one
+paragraph on stderr and exit status 2; an unexpected error exits with 1. The traceback
+goes to ``<run_dir>/logs/error.log`` and, with ``--debug`` or ``ENTR_DEBUG=1``, to stderr.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
+import traceback
+import warnings
 
 import tyro
 
+from entr_jax.staleness import StalenessConfig
+from experiments.config import STALENESS_FIELD_MODES, RunConfig
 from experiments.configs import PRESETS, REQUIRES_MODEL_PATH
+from experiments.errors import ConfigError, describe, is_complete, is_user_error
+
+_FLAGS = ("--resume", "--resume-override", "--debug")
 
 
-def parse(argv: list[str] | None = None):
-    """``(config, resume)`` from the command line; bad fields fail here, naming them."""
+@dataclasses.dataclass(frozen=True)
+class CliOptions:
+    """Command-line switches that are not config fields."""
+
+    resume: bool = False
+    resume_override: bool = False
+    debug: bool = False
+
+
+def _given_fields(argv: list[str]) -> set[str]:
+    """Dotted field names given on the command line (``--a.b 1`` or ``--a.b=1``)."""
+    return {a[2:].split("=", 1)[0].replace("-", "_") for a in argv if a.startswith("--")}
+
+
+def check_staleness_fields(cfg: RunConfig, given: set[str], preset: RunConfig) -> str | None:
+    """Refuse staleness fields given on the command line that the run's mode does not read
+    (`experiments.config.STALENESS_FIELD_MODES`); return a note naming the preset's values
+    the mode does not read (None when there are none).
+
+    Raises:
+      ConfigError: e.g. ``staleness.inter_lag only applies to staleness.mode=simulated``.
+    """
+    mode = cfg.staleness.mode
+    for name, modes in STALENESS_FIELD_MODES.items():
+        if f"staleness.{name}" in given and mode not in modes:
+            what = {"sync": "it trains on-policy (lag 0, no intra switches)",
+                    "async": "it measures staleness and bounds it with staleness.max_staleness "
+                             f"({cfg.staleness.max_staleness})",
+                    "simulated": "it draws staleness from the seeded schedule "
+                                 "(staleness.inter_lag, staleness.intra_switches)"}[mode]
+            raise ConfigError(
+                f"staleness.{name} only applies to staleness.mode={'/'.join(modes)}; this run "
+                f"is staleness.mode={mode}: {what}. Remove --staleness.{name} or set "
+                f"--staleness.mode {modes[0]}")
+    defaults = StalenessConfig()
+    unused = [f"{name}={getattr(cfg.staleness, name)}" for name, modes in
+              STALENESS_FIELD_MODES.items()
+              if mode not in modes and getattr(preset.staleness, name) != getattr(defaults, name)
+              and getattr(cfg.staleness, name) == getattr(preset.staleness, name)]
+    if unused:
+        return (f"staleness.mode={mode} does not read the preset's staleness "
+                f"{', '.join(unused)} (they apply to other modes)")
+    return None
+
+
+def parse(argv: list[str] | None = None) -> tuple[RunConfig, CliOptions]:
+    """``(config, options)`` from the command line; bad fields fail here, naming them.
+
+    Raises:
+      ConfigError: a bad preset name or field (tyro's own parse errors exit with status 2
+        after printing, like a refused field).
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
-    resume = "--resume" in argv
-    argv = [a for a in argv if a != "--resume"]
+    opts = CliOptions(resume="--resume" in argv, resume_override="--resume-override" in argv,
+                      debug="--debug" in argv)
+    if opts.resume_override and not opts.resume:
+        raise ConfigError("--resume-override only makes sense with --resume")
+    argv = [a for a in argv if a not in _FLAGS]
     if not argv or argv[0] not in PRESETS:
         names = ", ".join(sorted(PRESETS))
         if argv and argv[0] in ("-h", "--help"):
             print(__doc__ + f"\nPresets: {names}\nUse `entr-run PRESET --help` for every field.")
             raise SystemExit(0)
         got = repr(argv[0]) if argv else "nothing"
-        raise SystemExit(f"entr-run: first argument must be a preset ({names}), got {got}")
+        raise ConfigError(f"the first argument must be a preset ({names}), got {got}")
     name = argv[0]
     description, default = PRESETS[name]
-    try:
-        cfg = tyro.cli(type(default), default=default, args=argv[1:], prog=f"entr-run {name}",
-                       description=description, use_underscores=True)
-    except ValueError as e:  # a field's __post_init__ validation
-        raise SystemExit(f"entr-run: invalid configuration: {e}") from None
+    cfg = tyro.cli(type(default), default=default, args=argv[1:], prog=f"entr-run {name}",
+                   description=description + " Run switches (not fields): --resume, "
+                   "--resume-override, --debug; see `entr-run --help`.",
+                   use_underscores=True)
     if name in REQUIRES_MODEL_PATH and not cfg.model.path:
-        raise SystemExit(f"entr-run {name}: model.path is required (--model.path DIR, a local "
-                         "Hugging Face checkpoint directory)")
-    return cfg, resume
+        raise ConfigError(f"preset {name!r} needs model.path (--model.path DIR, a local "
+                          "Hugging Face checkpoint directory)")
+    note = check_staleness_fields(cfg, _given_fields(argv[1:]), default)
+    if note:
+        print(f"entr-run: note: {note}", file=sys.stderr)
+    return cfg, opts
+
+
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    return f"entr-run: warning: {message}\n"
+
+
+def _fail(err: BaseException, debug: bool, run_dir: str | None) -> int:
+    """Print ``err`` as one paragraph; the traceback to the run's error.log (unless the
+    message says it all, `errors.is_complete`) and, in debug mode, to stderr. Returns the
+    exit status (2: bad input or environment, 1: a bug)."""
+    tb = "".join(traceback.format_exception(err))
+    log_note = ""
+    if run_dir and os.path.isdir(run_dir) and not is_complete(err):
+        from experiments.rundir import RunDir
+
+        log = RunDir(run_dir).log("error", tb)
+        if log.is_file():
+            log_note = f" Traceback: {log}."
+    user = is_user_error(err)
+    if debug:
+        print(tb, file=sys.stderr, end="")
+    if is_complete(err):  # the message says it all
+        print(f"entr-run: error: {describe(err)}", file=sys.stderr)
+    else:
+        head = "error" if user else f"unexpected error ({type(err).__name__}; a bug?)"
+        hint = "" if debug else " Run with --debug (or ENTR_DEBUG=1) for the traceback."
+        print(f"entr-run: {head}: {describe(err).rstrip('.')}.{log_note}{hint}",
+              file=sys.stderr)
+    return 2 if user else 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the job from the command line; prints the summary; returns the exit status 0."""
-    cfg, resume = parse(argv)
-    if cfg.model.path and not os.path.isfile(os.path.join(cfg.model.path, "config.json")):
-        raise SystemExit(f"entr-run: model.path {cfg.model.path!r} has no config.json")
-    from learners.distributed import initialize
-
-    initialize()  # multi-host: reads ENTR_* variables; a no-op for one process
-    from experiments.loop import Job, RunExistsError
-
+    """Run the job from the command line; prints the summary; returns the exit status
+    (0 done, 2 refused or failed on bad input/environment, 1 an unexpected error)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("ENTR_DEBUG", "") not in ("", "0")
+    warnings.formatwarning = _one_line_warning
+    run_dir = None
     try:
-        job = Job(cfg, resume=resume)
+        cfg, opts = parse(argv)
+        run_dir = cfg.run_dir or f"runs/{cfg.name}"
+        from learners.distributed import initialize
+
+        initialize()  # multi-host: reads ENTR_* variables; a no-op for one process
+        from experiments.loop import Job
+
+        job = Job(cfg, resume=opts.resume, resume_override=opts.resume_override)
         summary = job.run_job()
-    except (RunExistsError, FileNotFoundError) as e:
-        raise SystemExit(f"entr-run: {e}") from None
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as err:  # noqa: BLE001 - every failure becomes one paragraph
+        return _fail(err, debug, run_dir)
     print(json.dumps({k: v for k, v in summary.items() if k != "evals"}, indent=2))
     print(f"run directory: {job.run.path}")
     return 0

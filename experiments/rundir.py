@@ -4,7 +4,7 @@
 
     <run_dir>/
       config.json        the resolved RunConfig
-      meta.json          git commit, versions, devices, start time
+      meta.json          git commit, versions, devices, machine (CPU model, cores), start time
       metrics.jsonl      one JSON object per RL step: deterministic metrics only, so two
                          runs with the same config and seed write identical files
       timing.jsonl       one JSON object per RL step: wall-clock figures (time/*, throughput/*)
@@ -20,12 +20,19 @@
       sft_model/         the warm-started policy in the Hugging Face layout (sft.save_model)
       exports/           weight exports pushed to an SGLang fleet (sampler.kind=sglang)
       summary.json       the headline numbers, written when the run finishes
+      resume_overrides.jsonl  fields changed on resume with --resume-override (old -> new)
+      logs/              run.log (one line per start/resume), checkpoint.log (why a
+                         checkpoint could not be restored), error.log (tracebacks)
+
+Writes never leave a partial file: JSON files and rewritten JSONL files go through a
+temporary file and `os.replace`; JSONL records are appended whole (`experiments.jsonl`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import pathlib
 import platform
 import subprocess
@@ -33,6 +40,8 @@ import time
 from typing import Any, Mapping
 
 import numpy as np
+
+from experiments import jsonl
 
 
 def git_commit(cwd: str | pathlib.Path | None = None) -> str:
@@ -45,6 +54,21 @@ def git_commit(cwd: str | pathlib.Path | None = None) -> str:
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def machine() -> dict[str, Any]:
+    """``{"cpu": model name, "cores": logical CPU count}`` of this machine (``/proc/cpuinfo``
+    where it exists, else `platform.processor`)."""
+    cpu = ""
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu or platform.processor() or platform.machine() or "unknown",
+            "cores": os.cpu_count()}
 
 
 def _jsonable(value: Any) -> Any:
@@ -89,9 +113,7 @@ class RunDir:
             return
         target = self.path / name
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(target.suffix + ".tmp")
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=_jsonable))
-        tmp.replace(target)  # atomic: a reader never sees half a file
+        _atomic_write(target, json.dumps(obj, indent=2, sort_keys=True, default=_jsonable))
 
     def read_json(self, name: str) -> Any:
         return json.loads((self.path / name).read_text())
@@ -103,7 +125,7 @@ class RunDir:
         if not self.writer:
             return
         self.path.mkdir(parents=True, exist_ok=True)
-        (self.path / "config.json").write_text(config_json)
+        _atomic_write(self.path / "config.json", config_json)
         self.write_json("meta.json", {
             "git_commit": git_commit(pathlib.Path(__file__).parent),
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -111,25 +133,63 @@ class RunDir:
             "jax": jax.__version__,
             "devices": [str(d) for d in jax.devices()],
             "process_count": jax.process_count(),
+            "machine": machine(),
         })
 
     def append_jsonl(self, name: str, record: Mapping[str, Any]) -> None:
+        """Append one record as a whole line (never a partial one, `jsonl.append_line`)."""
         if not self.writer:
             return
-        with open(self.path / name, "a", encoding="utf-8") as f:
-            f.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
+        jsonl.append_line(self.path / name, {k: _jsonable(v) for k, v in record.items()})
 
     def truncate_jsonl(self, name: str, keep_steps_below: int) -> None:
-        """Drop records with ``step >= keep_steps_below`` (a resumed run redoes them)."""
+        """Drop records with ``step >= keep_steps_below`` (a resumed run redoes them) and
+        a partial last line (with a warning); the file is replaced atomically."""
         path = self.path / name
         if not self.writer or not path.exists():
             return
-        kept = [line for line in path.read_text().splitlines()
-                if line.strip() and json.loads(line)["step"] < keep_steps_below]
-        path.write_text("".join(line + "\n" for line in kept))
+        kept = [r for r in jsonl.read_records(path) if r["step"] < keep_steps_below]
+        jsonl.rewrite_lines(path, [json.dumps(r) for r in kept])
 
     def read_jsonl(self, name: str) -> list[dict]:
-        path = self.path / name
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        """The records of a JSONL file (`jsonl.read_records`: a partial last line is
+        dropped with a warning)."""
+        return jsonl.read_records(self.path / name)
+
+    def log(self, name: str, text: str) -> pathlib.Path:
+        """Append ``text`` (a line or a block, e.g. a traceback) with a timestamp to
+        ``logs/<name>.log``; returns that path. Best effort: a failing write is ignored."""
+        path = self.path / "logs" / f"{name}.log"
+        if self.writer:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with open(path, "a", encoding="utf-8") as f:
+                    f.write(f"[{time.strftime('%Y-%m-%dT%H:%M:%S%z')}] {text.rstrip()}\n")
+            except OSError:
+                pass
+        return path
+
+
+def _atomic_write(target: pathlib.Path, text: str) -> None:
+    """Write ``text`` to ``target`` through ``<target>.tmp`` + `os.replace`: a reader never
+    sees half a file, and a failed write (full disk) leaves neither a partial target nor
+    the temporary file."""
+    tmp = target.with_name(target.name + ".tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException as err:
+        _remove(tmp)
+        if isinstance(err, OSError) and err.filename is None:
+            err.filename = str(target)
+        raise
+
+
+def _remove(path: pathlib.Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass

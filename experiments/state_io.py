@@ -3,6 +3,7 @@ parameter ring (``.npz`` next to each orbax checkpoint)."""
 
 from __future__ import annotations
 
+import os
 import pathlib
 from typing import Any, Iterable
 
@@ -30,26 +31,84 @@ def load_delay_line(line: DelayLine, state: dict) -> None:
     })
 
 
-def save_ring(path: pathlib.Path, ring: ParamRing) -> None:
-    """Every version in ``ring`` as flat leaves ``v{version}_{i}`` plus ``versions``."""
+class RingFileError(RuntimeError):
+    """A parameter-ring snapshot is missing, truncated or does not match its checkpoint."""
+
+
+def save_ring(path: pathlib.Path, ring: ParamRing) -> dict[str, Any]:
+    """Write every version in ``ring`` (flat leaves ``v{version}_{i}`` plus ``versions``)
+    to ``path`` atomically: ``<path>.tmp``, fsync, then `os.replace`, so a crash or a full
+    disk never leaves a partial ``path`` (the temporary file is removed on failure).
+
+    Returns the record a checkpoint stores to check the file on restore:
+    ``{"file": name, "bytes": size, "versions": [...]}``.
+
+    Raises:
+      OSError: the write failed (``filename`` is the ring file); nothing is left behind.
+    """
+    path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     flat = {f"v{v}_{i}": np.asarray(leaf)
             for v in ring.versions for i, leaf in enumerate(jax.tree.leaves(ring.get(v)))}
-    np.savez(path, versions=np.array(ring.versions), **flat)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, versions=np.array(ring.versions), **flat)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        if isinstance(err, OSError) and err.filename is None:
+            err.filename = str(path)
+        raise
+    return {"file": path.name, "bytes": path.stat().st_size, "versions": list(ring.versions)}
 
 
-def load_ring(path: pathlib.Path, ring: ParamRing, template: Any) -> None:
-    """Push the versions saved by `save_ring` into ``ring`` (structure of ``template``)."""
+def load_ring(path: pathlib.Path, size: int, template: Any,
+              expect: dict[str, Any] | None = None) -> ParamRing:
+    """A new `ParamRing` of ``size`` holding the versions saved by `save_ring` (structure of
+    ``template``). Every array is read, so zip CRC errors surface here.
+
+    ``expect``: the record `save_ring` returned when the checkpoint was made; the file's
+    size and versions must match it.
+
+    Raises:
+      RingFileError: one line naming the file and what is wrong with it.
+    """
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise RingFileError(f"parameter ring {path} is missing")
+    if expect is not None and path.stat().st_size != expect["bytes"]:
+        raise RingFileError(f"parameter ring {path} has {path.stat().st_size} bytes, its "
+                            f"checkpoint recorded {expect['bytes']} (truncated or replaced)")
     treedef = jax.tree.structure(template)
-    with np.load(path) as z:
-        for v in z["versions"].tolist():
-            leaves = [jnp.asarray(z[f"v{v}_{i}"]) for i in range(treedef.num_leaves)]
-            ring.push(int(v), jax.tree.unflatten(treedef, leaves))
+    ring: ParamRing = ParamRing(size)
+    try:
+        with np.load(path) as z:
+            versions = [int(v) for v in z["versions"].tolist()]
+            for v in versions:
+                leaves = [jnp.asarray(z[f"v{v}_{i}"]) for i in range(treedef.num_leaves)]
+                ring.push(v, jax.tree.unflatten(treedef, leaves))
+    except Exception as err:  # noqa: BLE001 - BadZipFile, CRC, missing key, short read
+        raise RingFileError(f"parameter ring {path} cannot be read "
+                            f"({type(err).__name__}: {err})") from None
+    if expect is not None and versions != list(expect["versions"]):
+        raise RingFileError(f"parameter ring {path} holds versions {versions}, its checkpoint "
+                            f"recorded {expect['versions']}")
+    return ring
 
 
 def prune_rings(ring_dir: pathlib.Path, kept_steps: Iterable[int]) -> None:
-    """Delete ring snapshots whose checkpoint step orbax no longer keeps."""
+    """Delete ring snapshots whose checkpoint step orbax no longer keeps, and temporary
+    files a killed writer left."""
     kept = set(kept_steps)
-    for f in pathlib.Path(ring_dir).glob("*.npz"):
-        if int(f.stem) not in kept:
+    ring_dir = pathlib.Path(ring_dir)
+    for f in ring_dir.glob("*.npz.tmp"):
+        f.unlink(missing_ok=True)
+    for f in ring_dir.glob("*.npz"):
+        if f.stem.isdigit() and int(f.stem) not in kept:
             f.unlink()

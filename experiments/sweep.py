@@ -14,9 +14,13 @@ A sweep spec is a TOML file::
     rl_steps = 40
 
 Every run is ``python -m experiments.run PRESET --run_dir DIR --seed S --field value ...``
-(the same overrides the CLI takes). ``run`` executes the runs on this machine with N
+(the same overrides the CLI takes). A ``[fixed]`` staleness field is passed only to the
+runs whose ``staleness.mode`` reads it (`experiments.config.STALENESS_FIELD_MODES`: e.g.
+``staleness.inter_lag`` is not passed to a ``sync`` run, which the CLI would refuse); a
+grid point names its fields explicitly and gets them all. ``run`` executes the runs on this machine with N
 worker processes, skipping finished runs (``summary.json`` exists) and resuming
-interrupted ones (``--resume`` when a checkpoint exists); ``emit`` writes one command per
+interrupted ones (``--resume`` when a checkpoint exists) and reporting a failed run with
+the last error line of its log (``<run_dir>/sweep.log``); ``emit`` writes one command per
 line for a cluster scheduler (e.g. a Slurm array reading line ``$SLURM_ARRAY_TASK_ID``);
 ``summarize`` prints a table across runs.
 
@@ -53,7 +57,11 @@ class SweepRun:
     def command(self, preset: str, resume: bool = False) -> list[str]:
         args = [sys.executable, "-m", "experiments.run", preset, "--run_dir", str(self.run_dir)]
         for key, value in self.overrides.items():
-            args += [f"--{key}", _cli_value(value)]
+            if isinstance(value, bool):  # tyro's boolean flags: --a.b / --a.no_b
+                head, _, leaf = key.rpartition(".")
+                args.append(f"--{key}" if value else f"--{head + '.' if head else ''}no_{leaf}")
+            else:
+                args += [f"--{key}", _cli_value(value)]
         if resume:
             args.append("--resume")
         return args
@@ -92,9 +100,26 @@ def load_spec(path: str | pathlib.Path) -> dict[str, Any]:
     return spec
 
 
+def _mode_reads(spec: dict[str, Any], point: dict[str, Any]):
+    """``reads(field)``: whether the staleness mode of this run reads a fixed field."""
+    from experiments.config import STALENESS_FIELD_MODES
+    from experiments.configs import PRESETS
+
+    preset = PRESETS[spec["preset"]][1] if spec["preset"] in PRESETS else None
+    mode = point.get("staleness.mode", spec["fixed"].get(
+        "staleness.mode", preset.staleness.mode if preset else "simulated"))
+
+    def reads(key: str) -> bool:
+        name = key.split(".", 1)[1] if key.startswith("staleness.") else None
+        return name not in STALENESS_FIELD_MODES or mode in STALENESS_FIELD_MODES[name]
+    return reads
+
+
 def expand(spec: dict[str, Any], out_dir: str | pathlib.Path) -> list[SweepRun]:
-    """All runs of a spec, deduplicated, in a stable order."""
+    """All runs of a spec, deduplicated, in a stable order. Fixed staleness fields the
+    run's mode does not read are left out (see the module docstring)."""
     out_dir = pathlib.Path(out_dir)
+    staleness_fixed = any(k.startswith("staleness.") for k in spec["fixed"])
     runs: dict[str, SweepRun] = {}
     for grid in spec["grid"]:
         keys = list(grid)
@@ -102,7 +127,11 @@ def expand(spec: dict[str, Any], out_dir: str | pathlib.Path) -> list[SweepRun]:
             for seed in spec["seeds"]:
                 point = dict(zip(keys, values))
                 name = "_".join([_slug(k, v) for k, v in point.items()] + [f"seed={seed}"])
-                overrides = {**spec["fixed"], **point, "seed": seed}
+                fixed = spec["fixed"]
+                if staleness_fixed:
+                    reads = _mode_reads(spec, point)
+                    fixed = {k: v for k, v in fixed.items() if reads(k)}
+                overrides = {**fixed, **point, "seed": seed}
                 runs.setdefault(name, SweepRun(name, out_dir / name, overrides))
     return list(runs.values())
 
@@ -125,13 +154,33 @@ def run_local(spec: dict[str, Any], out_dir: str | pathlib.Path, workers: int = 
     def _one(run: SweepRun) -> dict:
         run.run_dir.mkdir(parents=True, exist_ok=True)
         cmd = run.command(spec["preset"], resume=has_checkpoint(run))
-        with open(run.run_dir / "sweep.log", "a") as log:
+        log_path = run.run_dir / "sweep.log"
+        with open(log_path, "a") as log:
             proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
-        return {"name": run.name, "status": "ok" if proc.returncode == 0 else f"rc={proc.returncode}"}
+        if proc.returncode == 0:
+            return {"name": run.name, "status": "ok"}
+        return {"name": run.name, "status": f"rc={proc.returncode}",
+                "error": last_error_line(log_path), "log": str(log_path)}
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         records += list(pool.map(_one, pending))
     return records
+
+
+def last_error_line(log_path: str | pathlib.Path) -> str:
+    """The line of a run's log that says why it failed: the last ``entr-run: error``
+    line, else the last line that is not a progress bar (e.g. a traceback's last line)."""
+    try:
+        lines = [ln.strip() for ln in pathlib.Path(log_path).read_text(
+            errors="replace").replace("\r", "\n").splitlines() if ln.strip()]
+    except OSError as e:
+        return f"(log unreadable: {e})"
+    errors = [ln for ln in lines if ln.startswith("entr-run: error") or
+              ln.startswith("entr-run: unexpected error")]
+    if errors:
+        return errors[-1]
+    plain = [ln for ln in lines if "it/s]" not in ln and "s/it]" not in ln]
+    return plain[-1] if plain else "(empty log)"
 
 
 def emit(spec: dict[str, Any], out_dir: str | pathlib.Path) -> list[str]:
@@ -170,7 +219,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.sweep", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -185,15 +234,22 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.cmd == "summarize":
         print(format_table(summarize(args.out)))
-        return
+        return 0
     spec = load_spec(args.spec)
     if args.cmd == "emit":
         print("\n".join(emit(spec, args.out)))
-        return
-    for rec in run_local(spec, args.out, args.workers):
+        return 0
+    records = run_local(spec, args.out, args.workers)
+    for rec in records:
         print(json.dumps(rec))
     print(format_table(summarize(args.out)))
+    failed = [r for r in records if r["status"].startswith("rc=")]
+    if failed:
+        print(f"{len(failed)} run(s) failed: their last error line and log are in the "
+              "'error' and 'log' fields above", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

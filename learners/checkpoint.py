@@ -14,28 +14,50 @@ so a crash during a save leaves the previous checkpoints untouched and the tempo
 directory is never listed as a step. The last ``max_to_keep`` are kept.
 
 `CheckpointManager.restore_latest` restores the newest checkpoint into the target
-shardings; if it cannot be read (e.g. an array file was truncated or deleted) it warns
-and falls back to the next newest, and so on.
+shardings; if it cannot be read (e.g. an array file was truncated or deleted), or the
+caller's ``verify`` rejects it (e.g. a side file saved with it is damaged), it warns in
+one line (`CheckpointFallbackWarning`, naming the step and the path) and falls back to
+the next newest, and so on; the full error goes to ``log_file``, and the unrestorable
+newer step directories are moved to ``<directory>_unrestorable/`` (kept, not deleted;
+orbax would not save those steps again). When none can be restored it raises
+`CheckpointRestoreError`, again one line pointing at ``log_file``.
 """
 
 from __future__ import annotations
 
+import time
+import traceback
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
 
 from learners.state import TrainState
 
-__all__ = ["CheckpointManager", "Restored"]
+__all__ = ["CheckpointFallbackWarning", "CheckpointManager", "CheckpointRestoreError", "Restored"]
 
 _JSON_ITEMS = ("data_state", "queue_state", "config")
 
 
 class Restored(dict):
-    """Result of a restore: ``state`` (`TrainState`), ``step`` (int) and the JSON items."""
+    """Result of a restore: ``state`` (`TrainState`), ``step`` (int), ``path`` (the step
+    directory), the JSON items and ``verified`` (what ``verify`` returned, or None)."""
+
+
+class CheckpointFallbackWarning(UserWarning):
+    """The newest checkpoint could not be restored; an older one is tried."""
+
+
+class CheckpointRestoreError(RuntimeError):
+    """Checkpoints exist but none of them can be restored."""
+
+
+def _first_line(err: BaseException, limit: int = 400) -> str:
+    text = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
+    text = text if len(text) <= limit else text[:limit - 3] + "..."
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def _abstract(tree: Any, shardings: Any) -> Any:
@@ -54,6 +76,11 @@ class CheckpointManager:
       save_interval_steps: `save` only writes when ``step % save_interval_steps == 0``
         (``force=True`` overrides).
       async_save: write in a background thread (call `wait` or `close` before exit).
+      log_file: where `restore_latest` writes the full error of every checkpoint it could
+        not restore (default ``<directory>_restore.log`` beside the directory).
+      verify: ``verify(step, restored) -> value``, called by `restore_latest` after a
+        checkpoint's arrays are restored; raising makes it fall back to the next older
+        checkpoint like an unreadable one; the value is ``restored["verified"]``.
 
     Every process must call `save`/`restore_latest` (orbax coordinates the processes and
     writes each array shard from the process that owns it); metadata is written by
@@ -67,6 +94,8 @@ class CheckpointManager:
         max_to_keep: int = 3,
         save_interval_steps: int = 1,
         async_save: bool = True,
+        log_file: str | Path | None = None,
+        verify: Callable[[int, "Restored"], Any] | None = None,
     ):
         if max_to_keep < 1:
             raise ValueError(f"CheckpointManager: max_to_keep must be >= 1, got {max_to_keep}")
@@ -76,6 +105,9 @@ class CheckpointManager:
                 f"{save_interval_steps}"
             )
         self.directory = Path(directory).absolute()
+        self.log_file = (Path(log_file) if log_file is not None
+                         else self.directory.with_name(self.directory.name + "_restore.log"))
+        self.verify = verify
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep,
             save_interval_steps=save_interval_steps,
@@ -137,39 +169,83 @@ class CheckpointManager:
             step=meta["step"],
             rng=meta["rng"],
         )
-        result = Restored(state=state, step=step)
+        result = Restored(state=state, step=step, path=str(self.directory / str(step)))
         for name in _JSON_ITEMS:
             result[name] = out[name]
         return result
 
     def restore_latest(self, target: TrainState, shardings: TrainState) -> Restored | None:
-        """Restore the newest readable checkpoint, or return None when there is none.
+        """Restore the newest readable (and verified) checkpoint, or return None when there
+        is none.
 
-        A checkpoint that fails to restore is skipped with a `UserWarning` naming its step
-        and the error, and the next newest is tried.
+        A checkpoint that fails to restore or to verify is skipped with a one-line
+        `CheckpointFallbackWarning` naming its step and path (the full error goes to
+        ``log_file``), and the next newest is tried.
 
         Raises:
-          RuntimeError: if checkpoints exist but none of them can be restored.
+          CheckpointRestoreError: checkpoints exist but none of them can be restored (one
+            line naming the directory, the steps tried and ``log_file``).
         """
         self.wait()
         self._manager.reload()
         steps = self.all_steps()
         if not steps:
             return None
-        errors = []
-        for step in reversed(steps):
+        tried = []
+        for i, step in enumerate(reversed(steps)):
             try:
-                return self.restore(step, target, shardings)
+                result = self.restore(step, target, shardings)
+                result["verified"] = (self.verify(step, result) if self.verify is not None
+                                      else None)
             except Exception as err:  # noqa: BLE001 - any unreadable checkpoint falls back
-                errors.append(f"step {step}: {type(err).__name__}: {err}")
-                warnings.warn(
-                    f"checkpoint at step {step} in {self.directory} could not be restored "
-                    f"({type(err).__name__}: {err}); falling back to an older checkpoint",
-                    stacklevel=2,
-                )
-        raise RuntimeError(
-            f"no checkpoint in {self.directory} could be restored: " + "; ".join(errors)
-        )
+                tried.append(step)
+                self._log(f"checkpoint step {step} at {self.directory / str(step)} could not "
+                          "be restored:\n" + "".join(traceback.format_exception(err)))
+                if i + 1 < len(steps):
+                    warnings.warn(
+                        f"checkpoint step {step} at {self.directory / str(step)} cannot be "
+                        f"restored ({_first_line(err)}); falling back to step "
+                        f"{steps[-i - 2]} (details: {self.log_file})",
+                        CheckpointFallbackWarning, stacklevel=2)
+                continue
+            if tried:
+                self._set_aside(tried)
+            return result
+        raise CheckpointRestoreError(
+            f"no checkpoint in {self.directory} can be restored (tried steps "
+            f"{', '.join(map(str, tried))}); details: {self.log_file}")
+
+    @property
+    def unrestorable_dir(self) -> Path:
+        """Where checkpoints that could not be restored are moved (nothing is deleted)."""
+        return self.directory.with_name(self.directory.name + "_unrestorable")
+
+    def _set_aside(self, steps: list[int]) -> None:
+        """Move the unrestorable step directories newer than the restored one out of the
+        way: orbax would otherwise refuse to save those steps again (``save`` returns False
+        for a step that exists), so the resumed run would silently skip its checkpoints."""
+        if jax.process_index() == 0:
+            for step in steps:
+                target = self.unrestorable_dir / str(step)
+                k = 1
+                while target.exists():
+                    target, k = self.unrestorable_dir / f"{step}.{k}", k + 1
+                target.parent.mkdir(parents=True, exist_ok=True)
+                (self.directory / str(step)).rename(target)
+                self._log(f"moved unrestorable checkpoint step {step} to {target}")
+        if jax.process_count() > 1:
+            ocp.multihost.sync_global_processes("entr_checkpoint_set_aside")
+        self._manager.reload()
+
+    def _log(self, text: str) -> None:
+        if jax.process_index() != 0:
+            return
+        try:
+            self.log_file.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.log_file, "a", encoding="utf-8") as f:
+                f.write(f"[{time.strftime('%Y-%m-%dT%H:%M:%S%z')}] {text.rstrip()}\n")
+        except OSError:
+            pass  # the one-line warning/error still says what failed
 
     def wait(self) -> None:
         """Block until any asynchronous save has finished (and raise its error, if any)."""

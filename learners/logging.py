@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
@@ -103,9 +104,15 @@ class MetricsLogger:
     processes every method is a no-op. Files under ``logdir``: tensorboard event files and
     ``metrics.jsonl`` (one JSON object per logged step: ``step``, ``version`` and every
     scalar metric; ``jsonl=False`` leaves it to the caller).
+
+    ``purge_step``: a run resumed at step ``s`` passes ``s``: tensorboardX records a
+    ``SessionLog.START`` at ``s`` and TensorBoard drops the earlier files' events with
+    step >= ``s`` (they are rewritten by the resumed run), so curves have no duplicate or
+    out-of-order steps.
     """
 
-    def __init__(self, logdir: str | Path, *, enabled: bool | None = None, jsonl: bool = True):
+    def __init__(self, logdir: str | Path, *, enabled: bool | None = None, jsonl: bool = True,
+                 purge_step: int | None = None):
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
         self.logdir = Path(logdir)
         self._writer = None
@@ -114,7 +121,11 @@ class MetricsLogger:
             from tensorboardX import SummaryWriter
 
             self.logdir.mkdir(parents=True, exist_ok=True)
-            self._writer = SummaryWriter(str(self.logdir))
+            # tensorboardX names files by the second and opens them with "wb": the ns
+            # suffix keeps a second writer in the same second from overwriting the first
+            # one's file, and sorts after it (TensorBoard reads files in name order)
+            self._writer = SummaryWriter(str(self.logdir), purge_step=purge_step,
+                                         filename_suffix=f".{time.time_ns()}")
             if jsonl:
                 self._jsonl = open(self.logdir / "metrics.jsonl", "a", encoding="utf-8")
 
@@ -207,7 +218,7 @@ class Loggers:
 
 def make_logger(logdir: str | Path, config: LoggingConfig, *, run_dir: str | Path, name: str,
                 resume: bool = False, enabled: bool | None = None,
-                jsonl: bool = True) -> MetricsLogger | Loggers:
+                jsonl: bool = True, purge_step: int | None = None) -> MetricsLogger | Loggers:
     """The run's logger: `MetricsLogger` at ``logdir``, fanned out to a
     `learners.wandb_logger.WandbLogger` when ``config.wandb``.
 
@@ -217,18 +228,18 @@ def make_logger(logdir: str | Path, config: LoggingConfig, *, run_dir: str | Pat
       run_dir: the run directory (``wandb.json`` and, by default, W&B's files go there).
       name: run name shown in W&B.
       resume: continue the W&B run recorded in ``run_dir/wandb.json``, if any.
-      enabled, jsonl: as in `MetricsLogger`.
+      enabled, jsonl, purge_step: as in `MetricsLogger`.
 
     Raises:
       RuntimeError: ``config.wandb`` without the ``wandb`` package (names the extra), before
         anything is written.
     """
     if not config.wandb:
-        return MetricsLogger(logdir, enabled=enabled, jsonl=jsonl)
+        return MetricsLogger(logdir, enabled=enabled, jsonl=jsonl, purge_step=purge_step)
     from learners.wandb_logger import WandbLogger, import_wandb
 
     import_wandb()  # fail before creating any file
-    tensorboard = MetricsLogger(logdir, enabled=enabled, jsonl=jsonl)
+    tensorboard = MetricsLogger(logdir, enabled=enabled, jsonl=jsonl, purge_step=purge_step)
     return Loggers(tensorboard, WandbLogger(run_dir, config, name=name, resume=resume,
                                             enabled=enabled))
 

@@ -12,7 +12,8 @@ from entr_jax.model import Decoder, ModelConfig
 from entr_jax.objectives import make_objective
 from entr_jax.sharding import MeshConfig
 from entr_jax.types import Trajectory
-from learners.checkpoint import CheckpointManager
+from learners.checkpoint import (CheckpointFallbackWarning, CheckpointManager,
+                                  CheckpointRestoreError)
 from learners.learner import Learner, LearnerConfig, NonFiniteError
 from learners.logging import DeferredMetrics
 from learners.optim import OptimizerConfig
@@ -104,11 +105,47 @@ def test_corrupt_newest_falls_back_and_keep_last_n(learner):
     assert data_files
     for p in data_files:
         p.unlink()
-    with pytest.warns(UserWarning, match="step 7"):
+    with pytest.warns(CheckpointFallbackWarning) as caught:
         items = lrn.restore_latest()
     assert items["step"] == 6 and items["data_state"] == {"k": 1}
+    assert items["path"] == str(root / "ckpt" / "6")
     assert int(lrn.state.step) == 6
+    # one line with the path; the orbax error in full goes to the log
+    (w,) = caught
+    text = str(w.message)
+    assert "\n" not in text and len(text) < 600
+    assert text.startswith(f"checkpoint step 7 at {root / 'ckpt' / '7'} cannot be restored (")
+    assert text.endswith(f"); falling back to step 6 (details: {root / 'ckpt_restore.log'})")
+    assert "Traceback (most recent call last)" in (root / "ckpt_restore.log").read_text()
+    # the unrestorable step is kept aside, so orbax can save step 7 again
+    assert (root / "ckpt_unrestorable" / "7" / "params").is_dir()
+    assert ckpt.all_steps() == [6]
+    _run(lrn, BATCHES[2:3])
+    assert lrn.save(data_state={"k": 2})
+    ckpt.wait()
+    assert ckpt.all_steps() == [6, 7]
     shutil.rmtree(root / "ckpt" / "8.orbax-checkpoint-tmp-123")
+
+
+def test_no_restorable_checkpoint_is_one_line_naming_the_log(learner, tmp_path):
+    lrn, root = learner
+    lrn.checkpoint.wait()
+    shutil.copytree(root / "ckpt", tmp_path / "ckpt")
+    for p in (tmp_path / "ckpt").rglob("*"):
+        if p.is_file() and p.parent.name == "d":
+            p.unlink()
+    log = tmp_path / "logs" / "checkpoint.log"
+    mgr = CheckpointManager(tmp_path / "ckpt", max_to_keep=2, log_file=log)
+    steps = mgr.all_steps()
+    assert len(steps) == 2
+    with pytest.warns(CheckpointFallbackWarning, match=f"step {steps[1]} at "):
+        with pytest.raises(CheckpointRestoreError) as exc:
+            mgr.restore_latest(lrn.state, lrn.shardings)
+    assert str(exc.value) == (f"no checkpoint in {tmp_path / 'ckpt'} can be restored (tried "
+                              f"steps {steps[1]}, {steps[0]}); details: {log}")
+    assert log.read_text().count("Traceback (most recent call last)") == 2
+    assert mgr.all_steps() == steps  # nothing moved when nothing could be restored
+    mgr.close()
 
 
 def test_learner_stops_after_consecutive_nonfinite(learner):

@@ -246,15 +246,16 @@ def test_bad_config_fails_before_any_work_naming_the_field(args, field, capsys):
     assert field in text
 
 
-def test_cli_overrides_reach_the_config():
-    cfg, resume = cli.parse(["quickstart", "--rl_steps", "7", "--objective.name", "grpo",
-                             "--staleness.inter_lag", "5", "--resume"])
-    assert (cfg.rl_steps, cfg.objective.name, cfg.staleness.inter_lag, resume) == (7, "grpo", 5, True)
+def test_cli_overrides_reach_the_config(tmp_path):
+    cfg, opts = cli.parse(["quickstart", "--rl_steps", "7", "--objective.name", "grpo",
+                           "--staleness.inter_lag", "5", "--resume"])
+    assert (cfg.rl_steps, cfg.objective.name, cfg.staleness.inter_lag) == (7, "grpo", 5)
+    assert (opts.resume, opts.resume_override, opts.debug) == (True, False, False)
     cfg, _ = cli.parse(["quickstart", "--sampling.temperature", "0.7", "--sampling.top_p", "0.9",
                         "--sampling.top_k", "20", "--sampling.min_p", "0.05",
                         "--verifier.num_workers", "2", "--verifier.timeout_s", "3"])
     assert (cfg.verifier.num_workers, cfg.verifier.timeout_s) == (2, 3.0)
-    job = Job(dataclasses.replace(cfg, run_dir="/nonexistent/never_written"), show_progress=False)
+    job = Job(dataclasses.replace(cfg, run_dir=str(tmp_path / "never_written")), show_progress=False)
     lc = job._learner_config(cfg.optim, pad_id=0)  # what the learner will score
     assert (lc.temperature, lc.top_k, lc.top_p, lc.min_p) == (0.7, 20, 0.9, 0.05)
     # the same filters are refused with SGLang; without them the SGLang config builds
@@ -299,10 +300,20 @@ def test_main_job_drives_an_sglang_fleet(small_model_dir, tmp_path, mode):
 
 def test_cli_main_returns_exit_status_zero(reference, small_model_dir, capsys):
     ref_dir, _, summary = reference
+    # the reference's own configuration (a resume with another one is refused)
     status = cli.main(["quickstart", "--run_dir", str(ref_dir), "--model.path",
-                       str(small_model_dir), "--resume"])
+                       str(small_model_dir), "--rl_steps", "4", "--token_samples_every", "2",
+                       "--task.prompts_per_step", "2", "--task.samples_per_prompt", "3",
+                       "--task.max_new_tokens", "6", "--task.max_total_tokens", "6",
+                       "--task.eval_examples", "2", "--task.eval_samples", "1",
+                       "--task.arithmetic_max_chars", "5", "--sft.steps", "0",
+                       "--staleness.inter_lag", "1", "--staleness.intra_switches", "0",
+                       "--staleness.switch_window", "16", "--checkpoint.every", "2",
+                       "--resume"])
     assert status == 0  # console scripts do sys.exit(main()): a dict would exit with 1
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "already finished (summary.json): nothing to resume" in captured.err
+    out = captured.out
     assert json.loads(out[:out.rindex("}") + 1])["rl_steps"] == summary["rl_steps"]
 
 

@@ -34,7 +34,13 @@ DataDir = str | os.PathLike | None
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
     """Reads a JSON-lines file, gzip-compressed when its name ends in ``.gz`` (blank lines
-    skipped). Raises FileNotFoundError naming the path, ValueError naming the bad line."""
+    skipped).
+
+    Raises:
+      FileNotFoundError: the file is missing (named).
+      ValueError: ``<path>:<line>: invalid JSON (...)``, or ``<path> holds no examples``
+        for a file without a single record (every source file is a non-empty benchmark).
+    """
     path = pathlib.Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data file not found: {path}")
@@ -47,6 +53,8 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as e:
                     raise ValueError(f"{path}:{line_no}: invalid JSON ({e})") from None
+    if not rows:
+        raise ValueError(f"{path} holds no examples (the file is empty)")
     return rows
 
 

@@ -14,6 +14,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from experiments.jsonl import read_records
+
 FIGURES_ENV = "ENTR_FIGURES"
 RUNS_ENV = "ENTR_RUNS"
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -64,10 +66,8 @@ class Run:
 
 
 def _jsonl(path: pathlib.Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return sorted(rows, key=lambda r: r["step"])
+    # a partial last line (a run killed mid-write) is dropped with a PartialLineWarning
+    return sorted(read_records(path), key=lambda r: r["step"])
 
 
 def load_run(path: str | os.PathLike) -> Run:

@@ -1,0 +1,201 @@
+"""Checks that refuse a run before any work (no evaluation, SFT, compilation or file of
+the run is made first), each raising one error that names the field or the file.
+
+* `check_run_dir`: every path component within the file system's ``NAME_MAX``; the
+  directory (or its nearest existing parent) is writable.
+* `check_devices`: the learner mesh tiles the devices of this process group.
+* `read_model_config`: ``config.json`` of the model directory exists, is JSON and is a
+  supported architecture (the message names the file).
+* `check_task`: enough training examples for a batch, non-empty evaluation sets, and the
+  task's longest prompts plus the response budget fit the model's context.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import tempfile
+from typing import Any
+
+from entr_jax.data import encode_prompt
+from entr_jax.data.files import cache_dir, data_folder
+from entr_jax.model import ModelConfig
+from experiments.config import RunConfig
+from experiments.errors import ConfigError
+
+__all__ = ["check_devices", "check_run_dir", "check_task", "read_model_config"]
+
+# prompts tokenized per set by check_task: the longest by characters (tokenizing every
+# GSM8K prompt through a chat template takes seconds; token counts follow the length)
+LONGEST_PROMPTS_CHECKED = 256
+
+
+def _name_max(existing: pathlib.Path) -> int:
+    try:
+        return os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        return 255
+
+
+def _exists(path: pathlib.Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # ENAMETOOLONG and the like: it cannot exist
+        return False
+
+
+def _nearest_existing(path: pathlib.Path) -> pathlib.Path:
+    path = path.absolute()
+    while not _exists(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_run_dir(path: str | os.PathLike, field: str = "run_dir") -> None:
+    """Refuse a run directory that cannot be created or written, before anything is made.
+
+    Raises:
+      ConfigError: a component longer than ``NAME_MAX`` bytes (named, with the limit); a
+        path that exists and is not a directory; a directory (or nearest existing parent)
+        where a file cannot be created (read-only, permissions), with the OS reason.
+    """
+    path = pathlib.Path(path)
+    existing = _nearest_existing(path)
+    limit = _name_max(existing)
+    for part in path.parts:
+        size = len(os.fsencode(part))
+        if size > limit:
+            short = part if len(part) <= 40 else part[:37] + "..."
+            raise ConfigError(
+                f"{field} {str(path)[:80]!r}: the path component {short!r} is {size} bytes, "
+                f"over the file system's limit of {limit} bytes (NAME_MAX); choose a shorter "
+                f"--{field}")
+    if existing.exists() and not existing.is_dir():
+        raise ConfigError(f"{field} {path}: {existing} exists and is not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".entr-write-check-", dir=existing)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise ConfigError(f"{field} {path}: cannot create files in {existing} ({reason}); "
+                          "choose a writable --run_dir") from None
+
+
+def check_devices(cfg: RunConfig) -> None:
+    """The mesh ``learner.mesh`` must tile ``jax.device_count()`` devices.
+
+    Raises:
+      ConfigError: naming ``learner.mesh``, its shape and the device count.
+    """
+    import jax
+
+    mesh = cfg.learner.mesh
+    n = jax.device_count()
+    try:
+        mesh.resolve(n)
+    except ValueError:
+        raise ConfigError(
+            f"learner.mesh (data={mesh.data}, fsdp={mesh.fsdp}, tensor={mesh.tensor}) does "
+            f"not tile the {n} {jax.devices()[0].platform} device(s) available: "
+            "data x fsdp x tensor must equal the device count (-1 takes what is left)"
+        ) from None
+
+
+def read_model_config(model_dir: str | os.PathLike) -> ModelConfig:
+    """`ModelConfig` of ``<model_dir>/config.json``.
+
+    Raises:
+      ConfigError: the directory or file is missing, the file is not JSON (with the line
+        and column), or the model is not supported; every message names the file.
+    """
+    file = pathlib.Path(model_dir) / "config.json"
+    if not pathlib.Path(model_dir).is_dir():
+        raise ConfigError(f"model.path {str(model_dir)!r} is not a directory (a local Hugging "
+                          "Face checkpoint: config.json, safetensors, tokenizer files)")
+    if not file.is_file():
+        raise ConfigError(f"model.path {str(model_dir)!r} has no config.json")
+    try:
+        hf = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{file} is not valid JSON (line {e.lineno}, column {e.colno}: "
+                          f"{e.msg})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{file} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if not isinstance(hf, dict):
+        raise ConfigError(f"{file} must hold a JSON object, got {type(hf).__name__}")
+    try:
+        return ModelConfig.from_hf_config(hf)
+    except ValueError as e:
+        raise ConfigError(f"{file}: {e}") from None
+
+
+def _longest_prompts(examples: list[dict], env_factory, tokenizer) -> tuple[int, Any]:
+    """(tokens, example id) of the longest prompt among the `LONGEST_PROMPTS_CHECKED`
+    longest questions."""
+    ranked = sorted(examples, key=lambda e: len(str(e.get("question", ""))), reverse=True)
+    env = env_factory()
+    best = (0, None)
+    for ex in ranked[:LONGEST_PROMPTS_CHECKED]:
+        n = len(encode_prompt(tokenizer, env.reset(ex)))
+        if n > best[0]:
+            best = (n, ex.get("id"))
+    return best
+
+
+def _data_source(cfg: RunConfig) -> str:
+    """Where the task's data files are looked up first (for error messages)."""
+    folder = data_folder(cfg.data.dir)
+    if folder is not None:
+        return str(folder)
+    return f"the package or the user cache {cache_dir()} (no --data.dir / ENTR_DATA_DIR)"
+
+
+def check_task(cfg: RunConfig, task: Any, tokenizer: Any, model_cfg: ModelConfig,
+               max_prompt_len: int | None = None) -> None:
+    """Refuse a task that cannot train or evaluate, right after it is built.
+
+    Args:
+      task: the `experiments.tasks.TaskBundle`.
+      model_cfg: the policy's config (``max_position_embeddings``).
+      max_prompt_len: the embedded sampler's longest accepted prompt (None: no limit).
+
+    Raises:
+      ConfigError: fewer training examples than ``task.prompts_per_step`` (naming the data
+        folder), an empty evaluation set, ``sft.steps > 0`` without demonstrations, or a prompt that with ``task.max_total_tokens``
+        response tokens exceeds the model's context or the sampler's prompt limit (naming
+        the example id and the numbers).
+    """
+    spec = cfg.task
+    if len(task.train) < spec.prompts_per_step:
+        raise ConfigError(
+            f"task.name={spec.name!r} has {len(task.train)} training examples, fewer than "
+            f"task.prompts_per_step ({spec.prompts_per_step}); data read from {_data_source(cfg)}"
+            + (" (check task.arithmetic_max_chars / task.arithmetic_ops)"
+               if spec.name == "arithmetic" else ""))
+    for name, examples in task.eval_sets.items():
+        if not examples:
+            raise ConfigError(f"task.name={spec.name!r}: evaluation set {name!r} is empty "
+                              f"(data read from {_data_source(cfg)})")
+    if cfg.sft.steps > 0 and not task.demos:
+        raise ConfigError(f"sft.steps is {cfg.sft.steps} but task.name={spec.name!r} has no "
+                          "demonstrations for a supervised warm start: set --sft.steps 0")
+    sets = {"train": task.train, **task.eval_sets}
+    for name, examples in sets.items():
+        tokens, example_id = _longest_prompts(examples, task.env_factory, tokenizer)
+        context = model_cfg.max_position_embeddings
+        if tokens + spec.max_total_tokens > context:
+            raise ConfigError(
+                f"task.max_total_tokens ({spec.max_total_tokens}) plus the longest {name} "
+                f"prompt ({tokens} tokens, example {example_id!r}) exceeds the model's "
+                f"context (max_position_embeddings {context})")
+        if max_prompt_len is not None:
+            # later turns send the prompt plus the episode so far as the next prompt
+            longest_context = tokens + (spec.max_total_tokens if spec.max_turns > 1 else 0)
+            if longest_context > max_prompt_len:
+                raise ConfigError(
+                    f"the longest {name} prompt ({tokens} tokens, example {example_id!r})"
+                    + (f" plus task.max_total_tokens ({spec.max_total_tokens}) over "
+                       f"{spec.max_turns} turns" if spec.max_turns > 1 else "")
+                    + f" exceeds the embedded sampler's max_prompt_len ({max_prompt_len})")

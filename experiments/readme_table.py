@@ -1,0 +1,143 @@
+"""Write README.md's quickstart table from a finished quickstart run, with its provenance.
+
+::
+
+    entr-run quickstart                                   # on a clean checkout
+    python -m experiments.readme_table runs/quickstart    # rewrites the block in README.md
+
+The block sits between ``<!-- quickstart-table`` and ``<!-- /quickstart-table -->``. Its
+opening comment holds the data as JSON (the numbers from ``summary.json``, the commit
+and machine from ``meta.json``, and `config_sha256` of the run's ``config.json``); the
+Markdown below it is `render` of that data. ``tests/test_readme_table.py`` re-renders
+the block and compares (a hand edit fails), and compares the hash with the current
+quickstart preset (a preset change without a new run fails), so stale numbers do not
+ship. A run from a tree with uncommitted changes (``-dirty`` commit) is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import pathlib
+import re
+import sys
+from typing import Any
+
+from experiments.resume import RESULT_NEUTRAL_FIELDS
+
+BEGIN = "<!-- quickstart-table"
+END = "<!-- /quickstart-table -->"
+COMMAND = "python -m experiments.readme_table runs/quickstart"
+_BLOCK = re.compile(re.escape(BEGIN) + r"\n(?P<data>\{.*?\})\n-->\n(?P<body>.*?)" + re.escape(END),
+                    re.S)
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def config_sha256(config: dict[str, Any]) -> str:
+    """sha256 of a config dict (``config.json``) in canonical JSON, without the fields that
+    cannot change results (`experiments.resume.RESULT_NEUTRAL_FIELDS`, e.g. ``run_dir``)."""
+    def strip(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+        out = {}
+        for key, value in tree.items():
+            name = prefix + key
+            if name in RESULT_NEUTRAL_FIELDS:
+                continue
+            out[key] = strip(value, name + ".") if isinstance(value, dict) else value
+        return out
+
+    canonical = json.dumps(strip(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def table_data(run_dir: str | pathlib.Path, allow_dirty: bool = False) -> dict[str, Any]:
+    """The block's data from a finished run directory.
+
+    Raises:
+      ValueError: the run is unfinished (no summary.json), or its commit is unknown or
+        ``-dirty`` (unless ``allow_dirty``).
+    """
+    run = pathlib.Path(run_dir)
+    if not (run / "summary.json").is_file():
+        raise ValueError(f"{run} has no summary.json: not a finished run")
+    summary = json.loads((run / "summary.json").read_text())
+    meta = json.loads((run / "meta.json").read_text())
+    config = json.loads((run / "config.json").read_text())
+    commit = meta.get("git_commit", "unknown")
+    if not allow_dirty and (commit == "unknown" or commit.endswith("-dirty")):
+        raise ValueError(f"{run}/meta.json: commit {commit!r}: run the quickstart on a clean "
+                         "checkout so the table names the code that produced it")
+    k = config["task"]["eval_samples"]
+    machine = meta.get("machine") or {}
+    return {
+        "commit": commit,
+        "config_sha256": config_sha256(config),
+        "machine": {"cpu": machine.get("cpu", "unknown"), "cores": machine.get("cores")},
+        "k": k,
+        "temperature": config["sampling"]["temperature"],
+        "eval_examples": summary["evals"]["before_rl"][summary["primary_benchmark"]]["num_examples"],
+        "before": [summary["eval_accuracy_before"], summary["eval_greedy_before"],
+                   summary[f"eval_pass@{k}_before"], summary["reward_first"]],
+        "after": [summary["eval_accuracy_after"], summary["eval_greedy_after"],
+                  summary[f"eval_pass@{k}_after"], summary["final_reward"]],
+    }
+
+
+def render(data: dict[str, Any]) -> str:
+    """The Markdown of the block's data (three decimals)."""
+    k, t = data["k"], data["temperature"]
+    labels = [f"eval avg@{k} (sampled, T={t:g})", "eval greedy", f"eval pass@{k}",
+              "training reward (mean of first / last 10 steps)"]
+    lines = ["| | before RL | after RL |", "|---|---|---|"]
+    lines += [f"| {label} | {b:.3f} | {a:.3f} |"
+              for label, b, a in zip(labels, data["before"], data["after"])]
+    m = data["machine"]
+    lines += ["", f"Held-out examples: {data['eval_examples']}. Commit `{data['commit'][:12]}`, "
+              f"config sha256 `{data['config_sha256'][:12]}`, on {m['cpu']} "
+              f"({m['cores']} cores); written by `{COMMAND}`."]
+    return "\n".join(lines) + "\n"
+
+
+def block(data: dict[str, Any]) -> str:
+    return f"{BEGIN}\n{json.dumps(data, sort_keys=True)}\n-->\n{render(data)}{END}"
+
+
+def find_block(readme_text: str) -> tuple[dict[str, Any], str] | None:
+    """``(data, body)`` of the README's block, or None when it has none."""
+    match = _BLOCK.search(readme_text)
+    if match is None:
+        return None
+    return json.loads(match["data"]), match["body"]
+
+
+def write(readme: str | pathlib.Path, data: dict[str, Any]) -> None:
+    """Replace the block in ``readme`` (it must have one: the begin/end markers)."""
+    path = pathlib.Path(readme)
+    text = path.read_text()
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"{path} has no {BEGIN} ... {END} block to replace")
+    path.write_text(text[:start] + block(data) + text[end + len(END):])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.readme_table",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir")
+    parser.add_argument("--readme", default=str(REPO_ROOT / "README.md"))
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="accept a run from a tree with uncommitted changes")
+    args = parser.parse_args(argv)
+    try:
+        data = table_data(args.run_dir, allow_dirty=args.allow_dirty)
+        write(args.readme, data)
+    except (ValueError, OSError) as e:
+        print(f"readme_table: error: {e}", file=sys.stderr)
+        return 2
+    print(render(data), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

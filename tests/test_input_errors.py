@@ -1,0 +1,322 @@
+"""Bad input is refused before any work, through the real CLI entry (`experiments.run.main`):
+exit status 2, one paragraph naming the field or the file, no traceback, nothing written."""
+
+import errno
+import os
+import re
+
+import pytest
+
+from experiments import run as cli
+
+
+def call(argv, capsys):
+    """``(exit status, stderr with tyro's box drawing removed and whitespace collapsed)``."""
+    try:
+        code = cli.main(argv)
+    except SystemExit as e:  # tyro's own parse errors
+        code = e.code
+    err = capsys.readouterr().err
+    return code, " ".join(re.sub(r"[│╭╮╰╯─]", " ", err).split())
+
+
+# Parse-time refusals: (arguments, the message printed)
+PARSE_CASES = [
+    (["--task.samples_per_prompt", "1"],
+     "task.samples_per_prompt must be >= 2 with advantages.estimator='grpo': the advantage is "
+     "relative to the prompt's group, so a group of one gets advantage 0 and nothing is "
+     "trained, got 1"),
+    (["--token_samples_every", "-1"], "token_samples_every must be >= 0 (0 = never), got -1"),
+    (["--task.max_total_tokens", "2"],
+     "task.max_total_tokens must be >= task.max_new_tokens (12); the episode budget counts "
+     "response tokens only, so a smaller one would silently cut every generation, got 2"),
+    (["--sampling.top_p", "1.5"], "sampling.top_p must be in (0, 1], got 1.5"),
+    (["--sampling.top_p", "0"], "sampling.top_p must be in (0, 1], got 0.0"),
+    (["--sampling.min_p", "2"], "sampling.min_p must be in [0, 1), got 2.0"),
+    (["--sampling.top_k", "0"], "sampling.top_k must be -1 (disabled) or >= 1, got 0"),
+    (["--sampling.temperature", "0"], "sampling.temperature must be > 0, got 0.0"),
+    (["--sampling.temperature", "-1"], "sampling.temperature must be > 0, got -1.0"),
+    (["--sft.warmup_steps", "-5"], "sft.warmup_steps must be >= 0, got -5"),
+    (["--optim.warmup_steps", "-1"],
+     "Error parsing optim: OptimizerConfig.warmup_steps must be >= 0, got -1"),
+    (["--staleness.mode", "sync", "--staleness.inter_lag", "5"],
+     "staleness.inter_lag only applies to staleness.mode=simulated; this run is "
+     "staleness.mode=sync: it trains on-policy (lag 0, no intra switches). Remove "
+     "--staleness.inter_lag or set --staleness.mode simulated"),
+    (["--staleness.mode", "async", "--staleness.max_staleness", "1", "--staleness.inter_lag", "5"],
+     "staleness.inter_lag only applies to staleness.mode=simulated; this run is "
+     "staleness.mode=async: it measures staleness and bounds it with staleness.max_staleness "
+     "(1)."),
+    (["--staleness.mode", "sync", "--staleness.intra_switches=1"],
+     "staleness.intra_switches only applies to staleness.mode=simulated; this run is "
+     "staleness.mode=sync"),
+    (["--staleness.max_staleness", "1"],
+     "staleness.max_staleness only applies to staleness.mode=async; this run is "
+     "staleness.mode=simulated"),
+    (["--objective.name", "nope"], "nope"),
+]
+
+
+@pytest.mark.parametrize("args, message", PARSE_CASES, ids=[" ".join(a) for a, _ in PARSE_CASES])
+def test_bad_fields_are_refused_at_parse_time_naming_the_field(args, message, capsys, tmp_path):
+    run_dir = tmp_path / "run"
+    code, err = call(["quickstart", "--run_dir", str(run_dir), *args], capsys)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err
+    assert not run_dir.exists()
+
+
+def test_objective_name_lists_the_registry_names_in_help_and_errors(capsys):
+    code, err = call(["quickstart", "--objective.name", "nope"], capsys)
+    assert code == 2
+    for name in ("cispo", "entr", "estr", "grpo", "icepop", "kpop", "sat", "vespo"):
+        assert f"'{name}'" in err
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["quickstart", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "type: ignore" not in out
+    assert "--objective.name {cispo,decoupled_ppo,entr,estr,grpo,gspo,icepop,kpop,m2po," in out
+    assert "selects the method" in out
+
+
+def test_a_preset_value_the_mode_does_not_read_is_noted_not_refused(capsys):
+    cfg, opts = cli.parse(["quickstart", "--staleness.mode", "async"])
+    assert cfg.staleness.mode == "async" and not opts.resume
+    err = capsys.readouterr().err
+    assert err.strip() == ("entr-run: note: staleness.mode=async does not read the preset's "
+                           "staleness inter_lag=2, intra_switches=1, switch_window=4 (they "
+                           "apply to other modes)")
+
+
+def test_resume_override_needs_resume(capsys):
+    code, err = call(["quickstart", "--resume-override"], capsys)
+    assert (code, err) == (2, "entr-run: error: --resume-override only makes sense with --resume")
+
+
+def test_gpu_presets_need_a_model_path(capsys):
+    code, err = call(["math"], capsys)
+    assert (code, err) == (2, "entr-run: error: preset 'math' needs model.path (--model.path "
+                              "DIR, a local Hugging Face checkpoint directory)")
+
+
+def test_unknown_preset(capsys):
+    code, err = call(["quickstrat"], capsys)
+    assert code == 2
+    assert err == ("entr-run: error: the first argument must be a preset (gsm8k_tools, math, "
+                   "quickstart), got 'quickstrat'")
+
+
+# Refusals when the job is built (devices, files), still before any work.
+
+def test_mesh_larger_than_the_devices(capsys, tmp_path):
+    run_dir = tmp_path / "run"
+    code, err = call(["quickstart", "--run_dir", str(run_dir), "--learner.mesh.data", "16"], capsys)
+    assert code == 2
+    assert err == ("entr-run: error: learner.mesh (data=16, fsdp=1, tensor=1) does not tile the "
+                   "8 cpu device(s) available: data x fsdp x tensor must equal the device "
+                   "count (-1 takes what is left)")
+    assert not run_dir.exists()
+
+
+def test_model_config_that_is_not_json_names_the_file(capsys, tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"],\n  oops}')
+    run_dir = tmp_path / "run"
+    code, err = call(["quickstart", "--run_dir", str(run_dir), "--model.path", str(model)], capsys)
+    assert code == 2
+    assert err == (f"entr-run: error: {model}/config.json is not valid JSON (line 2, column 3: "
+                   "Expecting property name enclosed in double quotes)")
+    assert not run_dir.exists()
+
+
+def test_model_path_without_config_json(capsys, tmp_path):
+    code, err = call(["quickstart", "--run_dir", str(tmp_path / "run"), "--model.path",
+                      str(tmp_path)], capsys)
+    assert (code, err) == (2, f"entr-run: error: model.path {str(tmp_path)!r} has no config.json")
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    """An ENTR_DATA_DIR whose gsm8k/train.jsonl the test writes."""
+    root = tmp_path / "data"
+    (root / "gsm8k").mkdir(parents=True)
+    monkeypatch.setenv("ENTR_DATA_DIR", str(root))
+    return root
+
+
+def test_malformed_jsonl_line_names_file_and_line(capsys, tmp_path, data_dir):
+    train = data_dir / "gsm8k" / "train.jsonl"
+    train.write_text('{"question": "q", "answer": "<<2+3=5>> #### 5"}\n{"question": "q2", "answer":\n')
+    run_dir = tmp_path / "run"
+    code, err = call(["quickstart", "--run_dir", str(run_dir)], capsys)
+    assert code == 2
+    assert err.startswith(f"entr-run: error: {train}:2: invalid JSON (Expecting value: line 2 "
+                          "column 1 (char 29))")
+    assert "Traceback" not in err
+    assert not run_dir.exists()
+
+
+def test_empty_training_file_names_the_file(capsys, tmp_path, data_dir):
+    train = data_dir / "gsm8k" / "train.jsonl"
+    train.write_text("")
+    run_dir = tmp_path / "run"
+    code, err = call(["quickstart", "--run_dir", str(run_dir)], capsys)
+    assert code == 2
+    assert err.startswith(f"entr-run: error: {train} holds no examples (the file is empty)")
+    assert not run_dir.exists()
+
+
+def test_too_few_training_examples_name_the_field(capsys, tmp_path, data_dir):
+    (data_dir / "gsm8k" / "train.jsonl").write_text(
+        '{"question": "q", "answer": "<<2+3=5>> <<2*8=16>> #### 16"}\n')
+    run_dir = tmp_path / "run"
+    code, err = call(["quickstart", "--run_dir", str(run_dir)], capsys)
+    assert code == 2
+    # by the sha256 split "2+3" is a training expression and "2*8" an evaluation one
+    assert err == (f"entr-run: error: task.name='arithmetic' has 1 training examples, fewer "
+                   f"than task.prompts_per_step (16); data read from {data_dir} (check "
+                   "task.arithmetic_max_chars / task.arithmetic_ops)")
+    assert not run_dir.exists()
+
+
+def test_path_component_over_name_max(capsys, tmp_path):
+    run_dir = tmp_path / ("a" * 300) / "run"
+    code, err = call(["quickstart", "--run_dir", str(run_dir)], capsys)
+    assert code == 2
+    assert ("the path component 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa...' is 300 bytes, over "
+            "the file system's limit of 255 bytes (NAME_MAX); choose a shorter --run_dir") in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_read_only_run_dir_simulated(capsys, tmp_path, monkeypatch):
+    """A directory where files cannot be created (simulated: tests may run as root)."""
+    from experiments import preflight
+
+    def refuse(*args, dir=None, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", os.path.join(dir, "probe"))
+
+    monkeypatch.setattr(preflight.tempfile, "mkstemp", refuse)
+    code, err = call(["quickstart", "--run_dir", str(tmp_path / "ro" / "run")], capsys)
+    assert code == 2
+    assert err == (f"entr-run: error: run_dir {tmp_path}/ro/run: cannot create files in "
+                   f"{tmp_path} (Permission denied); choose a writable --run_dir")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+def test_read_only_run_dir(capsys, tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        code, err = call(["quickstart", "--run_dir", str(ro / "run")], capsys)
+    finally:
+        ro.chmod(0o755)
+    assert code == 2 and f"cannot create files in {ro} (Permission denied)" in err
+
+
+def test_full_disk_when_writing_the_run_directory(capsys, tmp_path, monkeypatch):
+    """ENOSPC while config.json is written: one line naming the file, nothing partial."""
+    from experiments import rundir
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(rundir.os, "fsync", full)
+    run_dir = tmp_path / "run"
+    code, err = call(["quickstart", "--run_dir", str(run_dir), "--task.eval_examples", "2"], capsys)
+    assert code == 2
+    assert err.startswith(f"entr-run: error: No space left on device: {run_dir}/config.json (the "
+                          "disk is full).")
+    assert "Run with --debug (or ENTR_DEBUG=1) for the traceback." in err
+    assert "Traceback (most recent call last)" not in err
+    assert sorted(p.name for p in run_dir.iterdir()) == ["logs"]  # no config.json(.tmp)
+    assert "OSError: [Errno 28]" in (run_dir / "logs" / "error.log").read_text()
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_debug_flag_prints_the_traceback(how, capsys, tmp_path, monkeypatch):
+    from experiments import rundir
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(rundir.os, "fsync", full)
+    argv = ["quickstart", "--run_dir", str(tmp_path / "run"), "--task.eval_examples", "2"]
+    if how == "env":
+        monkeypatch.setenv("ENTR_DEBUG", "1")
+    else:
+        argv.append("--debug")
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err
+    assert err.rstrip().splitlines()[-1].startswith("entr-run: error: No space left on device")
+
+
+def test_cli_subprocess_exit_status_and_one_paragraph(tmp_path):
+    """The console entry point as a user runs it: status 2, one line, no traceback."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "experiments.run", "quickstart", "--run_dir",
+                           str(tmp_path / "run"), "--learner.mesh.fsdp", "3"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines == [f"entr-run: error: learner.mesh (data=-1, fsdp=3, tensor=1) does not tile "
+                     f"the 8 cpu device(s) available: data x fsdp x tensor must equal the "
+                     f"device count (-1 takes what is left)"]
+
+
+def test_the_readme_quickstart_commands_parse(capsys):
+    """Every `entr-run quickstart ...` example in README.md is accepted (the staleness
+    checks must not refuse documented commands)."""
+    import pathlib
+    import shlex
+
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    lines = [ln.split("#")[0] for ln in readme.splitlines() if ln.startswith("entr-run quickstart ")]
+    assert len(lines) >= 4
+    for line in lines:
+        argv = [a for a in shlex.split(line)[1:] if a != "--help"]
+        cfg, opts = cli.parse(argv)
+        assert cfg.name == "quickstart", line
+
+
+def test_prompt_plus_response_budget_over_the_model_context(capsys, tmp_path):
+    """Checked against the task's prompts as soon as the task is built (before any
+    evaluation or compilation): the embedded tiny model has a 512-token context."""
+    run_dir = tmp_path / "run"
+    code, err = call(["quickstart", "--run_dir", str(run_dir), "--task.max_new_tokens", "509",
+                      "--task.max_total_tokens", "509"], capsys)
+    assert code == 2
+    assert re.fullmatch(
+        r"entr-run: error: task\.max_total_tokens \(509\) plus the longest train prompt \(\d+ "
+        r"tokens, example 'gsm8k_arith/[^']+'\) exceeds the model's context "
+        r"\(max_position_embeddings 512\)", err), err
+    assert not run_dir.exists()
+    n = int(re.search(r"train prompt \((\d+) tokens", err).group(1))
+    # the boundary: prompt + budget == context fits, one more token does not
+    import dataclasses
+
+    from entr_jax.assets import tiny_dir
+    from entr_jax.tokenizer import Tokenizer
+    from experiments import preflight
+    from experiments.configs import QUICKSTART
+    from experiments.errors import ConfigError
+    from experiments.tasks import build_task
+
+    task = build_task(QUICKSTART.task)
+    tok = Tokenizer.from_pretrained(str(tiny_dir()))
+    model = preflight.read_model_config(tiny_dir())
+    for budget, ok in ((512 - n, True), (513 - n, False)):
+        cfg = dataclasses.replace(QUICKSTART, task=dataclasses.replace(
+            QUICKSTART.task, max_new_tokens=budget, max_total_tokens=budget))
+        if ok:
+            preflight.check_task(cfg, task, tok, model, max_prompt_len=4096)
+        else:
+            with pytest.raises(ConfigError, match=f"plus the longest train prompt \\({n} tokens"):
+                preflight.check_task(cfg, task, tok, model, max_prompt_len=4096)

@@ -1,0 +1,86 @@
+"""README's quickstart table is written by experiments.readme_table from a finished run,
+carries its commit, machine and config hash, and matches the current quickstart preset."""
+
+import json
+import pathlib
+import re
+
+import pytest
+
+from experiments import readme_table as rt
+from experiments.configs import QUICKSTART
+
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def fake_run(tmp_path, commit=COMMIT, finished=True, **config_changes):
+    run = tmp_path / "run"
+    run.mkdir(parents=True)
+    config = json.loads(QUICKSTART.to_json())
+    config.update(config_changes)
+    (run / "config.json").write_text(json.dumps(config))
+    (run / "meta.json").write_text(json.dumps(
+        {"git_commit": commit, "machine": {"cpu": "Test CPU @ 2.0GHz", "cores": 2}}))
+    if finished:
+        (run / "summary.json").write_text(json.dumps({
+            "primary_benchmark": "arithmetic",
+            "eval_accuracy_before": 0.33654, "eval_accuracy_after": 0.44049,
+            "eval_greedy_before": 0.40523, "eval_greedy_after": 0.51634,
+            "eval_pass@4_before": 0.57516, "eval_pass@4_after": 0.62092,
+            "reward_first": 0.53151, "final_reward": 0.68359,
+            "evals": {"before_rl": {"arithmetic": {"num_examples": 153}}},
+        }))
+    return run
+
+
+def test_table_from_a_run_renders_the_numbers_and_provenance(tmp_path):
+    data = rt.table_data(fake_run(tmp_path))
+    assert data["commit"] == COMMIT and data["k"] == 4
+    assert data["config_sha256"] == rt.config_sha256(json.loads(QUICKSTART.to_json()))
+    assert rt.render(data) == (
+        "| | before RL | after RL |\n"
+        "|---|---|---|\n"
+        "| eval avg@4 (sampled, T=1) | 0.337 | 0.440 |\n"
+        "| eval greedy | 0.405 | 0.516 |\n"
+        "| eval pass@4 | 0.575 | 0.621 |\n"
+        "| training reward (mean of first / last 10 steps) | 0.532 | 0.684 |\n"
+        "\n"
+        f"Held-out examples: 153. Commit `0123456789ab`, config sha256 "
+        f"`{data['config_sha256'][:12]}`, on Test CPU @ 2.0GHz (2 cores); written by "
+        "`python -m experiments.readme_table runs/quickstart`.\n")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{rt.BEGIN}\nold\n-->\nstale | table\n{rt.END}\noutro\n")
+    rt.write(readme, data)
+    text = readme.read_text()
+    assert text.startswith("intro\n<!-- quickstart-table\n{") and text.endswith(f"{rt.END}\noutro\n")
+    assert rt.find_block(text) == (data, rt.render(data))
+
+
+def test_dirty_or_unfinished_runs_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="commit '.*-dirty': run the quickstart on a clean checkout"):
+        rt.table_data(fake_run(tmp_path, commit=COMMIT + "-dirty"))
+    with pytest.raises(ValueError, match="has no summary.json: not a finished run"):
+        rt.table_data(fake_run(tmp_path / "x", finished=False))
+
+
+def test_config_hash_ignores_where_files_go_but_not_the_experiment():
+    base = json.loads(QUICKSTART.to_json())
+    h = rt.config_sha256(base)
+    assert rt.config_sha256(dict(base, run_dir="runs/elsewhere", name="x")) == h
+    assert rt.config_sha256(dict(base, checkpoint=dict(base["checkpoint"], keep=9))) == h
+    assert rt.config_sha256(dict(base, objective=dict(base["objective"], name="grpo"))) != h
+    assert rt.config_sha256(dict(base, rl_steps=151)) != h
+
+
+def test_readme_quickstart_table_is_generated_and_current():
+    """Fails when the table was edited by hand, or the quickstart preset changed since the
+    run that produced it: re-run `entr-run quickstart` on a clean checkout, then
+    `python -m experiments.readme_table runs/quickstart`."""
+    found = rt.find_block(README.read_text())
+    assert found is not None, f"README.md has no {rt.BEGIN} ... {rt.END} block"
+    data, body = found
+    assert body == rt.render(data), "the README table was edited by hand"
+    assert re.fullmatch(r"[0-9a-f]{40}", data["commit"]), data["commit"]
+    assert data["config_sha256"] == rt.config_sha256(json.loads(QUICKSTART.to_json())), (
+        "the quickstart preset changed since the README table was produced")

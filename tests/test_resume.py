@@ -1,0 +1,255 @@
+"""Resume through the real CLI on one small finished run (module fixture), copied and
+damaged per test: config changes refused or recorded, finished runs, a truncated
+parameter ring and a partial metrics line falling back bit for bit, both checkpoints
+damaged, TensorBoard purge and eval/SFT curves (the SFT one is slow)."""
+
+import json
+import re
+import shutil
+import struct
+
+import pytest
+from flax import nnx
+
+from entr_jax.assets import tiny_dir
+from entr_jax.model import Decoder, ModelConfig, save_pretrained
+from experiments import run as cli
+from experiments.jsonl import PartialLineWarning
+from learners.checkpoint import CheckpointFallbackWarning
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A 2-layer Qwen2 checkpoint with the embedded tokenizer (vocabulary 1024)."""
+    path = tmp_path_factory.mktemp("small_model")
+    hf = json.loads((tiny_dir() / "config.json").read_text())
+    hf.update(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+              num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    save_pretrained(Decoder(ModelConfig.from_hf_config(hf), rngs=nnx.Rngs(0)), path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(tiny_dir() / name, path / name)
+    return path
+
+
+def args(model_dir, run_dir, *extra):
+    return ["quickstart", "--run_dir", str(run_dir), "--model.path", str(model_dir),
+            "--sft.steps", "0", "--sft.batch_size", "4", "--sft.no_save_model",
+            "--rl_steps", "4", "--checkpoint.every", "2", "--checkpoint.keep", "2",
+            "--token_samples_every", "0", "--task.prompts_per_step", "2",
+            "--task.samples_per_prompt", "3", "--task.max_new_tokens", "6",
+            "--task.max_total_tokens", "6", "--task.eval_examples", "2",
+            "--task.eval_samples", "1", "--task.arithmetic_max_chars", "5",
+            "--staleness.inter_lag", "1", "--staleness.intra_switches", "0",
+            "--staleness.ring_size", "2", *extra]
+
+
+def call(argv, capsys):
+    code = cli.main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def finished(model_dir, tmp_path_factory):
+    """One finished run: RL 4 steps, checkpoints at steps 2 and 4."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    assert cli.main(args(model_dir, run_dir)) == 0
+    return run_dir
+
+
+def killed_copy(finished, tmp_path, after_eval=False):
+    """A copy of the finished run as if killed after its last checkpoint (before the final
+    evaluation, or after it with ``after_eval``)."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    (run_dir / "summary.json").unlink()
+    if not after_eval:
+        (run_dir / "eval" / "after_rl.json").unlink()
+    return run_dir
+
+
+def listing(root):
+    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
+
+
+def test_finished_run_resumed_with_its_config_says_so(finished, model_dir, capsys):
+    before = listing(finished)
+    code, out, err = call(args(model_dir, finished, "--resume", "--checkpoint.keep", "3"), capsys)
+    assert code == 0
+    assert (f"entr-run: {finished} already finished (summary.json): nothing to resume; "
+            "showing its summary") in err
+    summary = json.loads((finished / "summary.json").read_text())
+    assert json.loads(out[:out.rindex("}") + 1])["eval_accuracy_after"] == summary["eval_accuracy_after"]
+    assert listing(finished) == {**before, "logs/run.log": listing(finished)["logs/run.log"]}
+
+
+def test_finished_run_resumed_with_a_new_config_is_refused(finished, model_dir, capsys):
+    code, out, err = call(args(model_dir, finished, "--resume", "--resume-override",
+                               "--objective.name", "grpo"), capsys)
+    assert code == 2 and out == ""
+    assert err == (f"entr-run: error: {finished} is a finished run (summary.json) and its "
+                   'configuration differs: objective.name: "entr" -> "grpo". Its summary '
+                   "belongs to the saved configuration; a finished run is not continued, even "
+                   "with --resume-override: choose a new --run_dir\n")
+
+
+def test_a_change_to_the_experiment_is_refused_before_any_work(finished, model_dir, tmp_path,
+                                                               capsys):
+    run_dir = killed_copy(finished, tmp_path)
+    before = {k: (run_dir / k).read_bytes() for k in listing(run_dir)}
+    code, _, err = call(args(model_dir, run_dir, "--resume", "--objective.name", "grpo",
+                             "--optim.learning_rate", "0.001"), capsys)
+    assert code == 2
+    assert err == (f"entr-run: error: cannot resume {run_dir}: the configuration differs from "
+                   "the saved one in 2 field(s) that change the experiment: objective.name: "
+                   '"entr" -> "grpo"; optim.learning_rate: 0.0001 -> 0.001. Resume with the '
+                   "saved values, choose a new --run_dir, or pass --resume-override to continue "
+                   "with the new values (recorded in resume_overrides.jsonl)\n")
+    assert {k: (run_dir / k).read_bytes() for k in listing(run_dir)} == before
+
+
+def test_override_continues_and_records_the_change(finished, model_dir, tmp_path, capsys):
+    run_dir = killed_copy(finished, tmp_path)
+    code, out, err = call(args(model_dir, run_dir, "--resume", "--resume-override",
+                               "--objective.name", "grpo", "--checkpoint.keep", "3"), capsys)
+    assert code == 0, err
+    assert re.search(
+        re.escape(f"entr-run: resuming {run_dir} at RL step 4 (next batch id 4; data iterator "
+                  "at batch ") + r"\d+" + re.escape(
+            f") from checkpoint {run_dir / 'checkpoints' / '4'}; overriding objective.name\n"),
+        err), err
+    (record,) = [json.loads(x) for x in (run_dir / "resume_overrides.jsonl").read_text().splitlines()]
+    assert record["from_step"] == 4
+    assert record["changes"] == [  # the copy moved the run: run_dir may differ, too
+        {"field": "checkpoint.keep", "old": 2, "new": 3, "override": False},
+        {"field": "objective.name", "old": "entr", "new": "grpo", "override": True},
+        {"field": "run_dir", "old": str(finished), "new": str(run_dir), "override": False}]
+    assert json.loads((run_dir / "config.json").read_text())["objective"]["name"] == "grpo"
+    assert json.loads((run_dir / "summary.json").read_text())["objective"] == "grpo"
+    # steps 0-3 were trained as ENTR: the metrics are the original run's
+    assert (run_dir / "metrics.jsonl").read_bytes() == (finished / "metrics.jsonl").read_bytes()
+
+
+def _events(path):
+    from tensorboardX.proto.event_pb2 import Event
+
+    data, out, i = path.read_bytes(), [], 0
+    while i < len(data):
+        (n,) = struct.unpack("<Q", data[i:i + 8])
+        out.append(Event.FromString(data[i + 12:i + 12 + n]))
+        i += 12 + n + 4
+    return out
+
+
+def _scalars(tb_dir):
+    out = {}
+    for f in sorted(tb_dir.glob("events.out.tfevents.*")):
+        for e in _events(f):
+            for v in e.summary.value:
+                out.setdefault(v.tag, []).append((e.step, v.simple_value))
+    return out
+
+
+def test_truncated_ring_and_partial_metrics_line_fall_back_bit_for_bit(finished, model_dir,
+                                                                      tmp_path, capsys):
+    run_dir = killed_copy(finished, tmp_path)
+    ring4 = run_dir / "ring" / "4.npz"
+    size = ring4.stat().st_size
+    ring4.write_bytes(ring4.read_bytes()[:size // 3])
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "version": 4, "reward/me')  # a writer killed mid-line
+    with pytest.warns(CheckpointFallbackWarning) as fallback:
+        with pytest.warns(PartialLineWarning, match="metrics.jsonl:5: dropped a partial last line"):
+            code, _, err = call(args(model_dir, run_dir, "--resume"), capsys)
+    assert code == 0, err
+    (w,) = [w for w in fallback if w.category is CheckpointFallbackWarning]
+    assert str(w.message) == (
+        f"checkpoint step 4 at {run_dir / 'checkpoints' / '4'} cannot be restored (RingFileError: "
+        f"parameter ring {ring4} has {size // 3} bytes, its checkpoint recorded {size} (truncated "
+        f"or replaced)); falling back to step 2 (details: {run_dir / 'logs' / 'checkpoint.log'})")
+    assert f"entr-run: resuming {run_dir} at RL step 2 (next batch id 2; " in err
+    assert f"from checkpoint {run_dir / 'checkpoints' / '2'}\n" in err
+    # the resumed run redid steps 2 and 3 exactly
+    assert (run_dir / "metrics.jsonl").read_bytes() == (finished / "metrics.jsonl").read_bytes()
+    assert (run_dir / "checkpoints_unrestorable" / "4").is_dir()
+    assert sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir()) == [2, 4]
+    # TensorBoard: the resumed session purges steps >= 2 of the first one
+    files = sorted((run_dir / "tb").glob("events.out.tfevents.*"))
+    starts = [e.step for e in _events(files[-1])
+              if e.HasField("session_log") and e.session_log.status == 1]
+    assert starts == [2]
+    assert [s for s, _ in _scalars(run_dir / "tb")["loss"]] == [0, 1, 2, 3, 2, 3]
+
+
+def test_both_checkpoints_damaged_is_one_line_and_loses_nothing(finished, model_dir, tmp_path,
+                                                                capsys):
+    run_dir = killed_copy(finished, tmp_path)
+    for step in (2, 4):
+        ring = run_dir / "ring" / f"{step}.npz"
+        ring.write_bytes(ring.read_bytes()[:100])
+    metrics = (run_dir / "metrics.jsonl").read_bytes()
+    with pytest.warns(CheckpointFallbackWarning, match="checkpoint step 4 at"):
+        code, _, err = call(args(model_dir, run_dir, "--resume"), capsys)
+    assert code == 2
+    assert err == (f"entr-run: error: no checkpoint in {run_dir / 'checkpoints'} can be restored "
+                   f"(tried steps 4, 2); details: {run_dir / 'logs' / 'checkpoint.log'}\n")
+    assert (run_dir / "logs" / "checkpoint.log").read_text().count("RingFileError") >= 2
+    assert (run_dir / "metrics.jsonl").read_bytes() == metrics
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["2", "4"]
+
+
+def test_resume_without_a_checkpoint_says_it_starts_fresh(model_dir, tmp_path, capsys,
+                                                          monkeypatch):
+    from experiments.loop import Job
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text("{}")  # killed during the first evaluation
+
+    def stop(self):
+        raise KeyboardInterrupt  # stop right after the decision; nothing else runs
+
+    monkeypatch.setattr(Job, "prepare_task", stop)
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(args(model_dir, run_dir, "--resume"))
+    err = capsys.readouterr().err
+    assert err == f"entr-run: nothing to resume in {run_dir} (no checkpoint): starting fresh\n"
+
+
+def test_tensorboard_has_eval_curves(finished):
+    scalars = _scalars(finished / "tb")
+    evals = {p: json.loads((finished / "eval" / f"{p}.json").read_text())["benchmarks"]["arithmetic"]
+             for p in ("init", "before_rl", "after_rl")}
+    for phase, step in (("init", 0), ("before_rl", 0), ("after_rl", 4)):
+        m = evals[phase]
+        assert scalars[f"eval/{phase}/arithmetic/avg_at_1"] == [(step, pytest.approx(m["avg@n"]))]
+        assert scalars[f"eval/{phase}/arithmetic/pass_at_1"] == [(step, pytest.approx(m["pass@1"]))]
+        assert scalars[f"eval/{phase}/arithmetic/greedy"] == [(step, pytest.approx(m["greedy"]))]
+
+
+@pytest.mark.slow
+def test_tensorboard_has_the_sft_loss_curve(model_dir, tmp_path):
+    run_dir = tmp_path / "sft"
+    assert cli.main(args(model_dir, run_dir, "--sft.steps", "3", "--rl_steps", "0")) == 0
+    sft = [json.loads(x) for x in (run_dir / "sft.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in sft] == [0, 1, 2]
+    assert _scalars(run_dir / "tb" / "sft")["sft/loss"] == [
+        (r["step"], pytest.approx(r["loss"])) for r in sft]
+    assert "sft/loss" not in _scalars(run_dir / "tb")  # its own run: RL resumes purge tb/
+
+
+def test_an_existing_run_needs_resume(finished, model_dir, capsys):
+    code, _, err = call(args(model_dir, finished), capsys)
+    assert (code, err) == (2, f"entr-run: error: {finished} already holds a run: pass --resume "
+                              "to continue it, or choose another --run_dir\n")
+
+
+def test_a_finished_run_without_rl_steps_is_not_overwritten(tmp_path, model_dir, capsys):
+    """A warm-start-only run (``--rl_steps 0``, like runs/sft_base) has no metrics or
+    checkpoints, only summary.json: running into it again needs --resume too."""
+    run_dir = tmp_path / "sft_base"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text("{}")
+    code, _, err = call(args(model_dir, run_dir, "--rl_steps", "0"), capsys)
+    assert (code, err) == (2, f"entr-run: error: {run_dir} already holds a run: pass --resume "
+                              "to continue it, or choose another --run_dir\n")
