@@ -16,6 +16,12 @@ directory is never listed as a step. The last ``max_to_keep`` are kept.
 `CheckpointManager.restore_latest` restores the newest checkpoint into the target
 shardings; if it cannot be read (e.g. an array file was truncated or deleted) it warns
 and falls back to the next newest, and so on.
+
+With several processes, orbax's barriers use the JAX coordination service
+(`use_distributed_barriers`) instead of its default device all-gather: an asynchronous
+save runs barriers from background threads, and device collectives issued from two
+threads at once can be matched in different orders on different processes (orbax's own
+warning: "may cause a deadlock"), which hung 2-process CPU runs at their first save.
 """
 
 from __future__ import annotations
@@ -26,12 +32,23 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from absl import flags
 
 from learners.state import TrainState
 
-__all__ = ["CheckpointManager", "Restored"]
+__all__ = ["CheckpointManager", "Restored", "use_distributed_barriers"]
 
 _JSON_ITEMS = ("data_state", "queue_state", "config")
+
+
+def use_distributed_barriers() -> None:
+    """Make orbax synchronise processes through the coordination service (thread-safe
+    barriers with timeouts) rather than device collectives. Sets orbax's absl flag
+    ``experimental_orbax_use_distributed_barrier``; absl flags are marked parsed first
+    when nothing parsed them (the job never uses absl's command line)."""
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+    setattr(flags.FLAGS, ocp.multihost.EXPERIMENTAL_ORBAX_USE_DISTRIBUTED_BARRIER.name, True)
 
 
 class Restored(dict):
@@ -76,6 +93,8 @@ class CheckpointManager:
                 f"{save_interval_steps}"
             )
         self.directory = Path(directory).absolute()
+        if jax.process_count() > 1:
+            use_distributed_barriers()
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep,
             save_interval_steps=save_interval_steps,
