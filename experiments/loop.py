@@ -45,6 +45,7 @@ from entr_jax.objectives import make_objective
 from entr_jax.staleness import DelayLine, ParamRing
 from entr_jax.tasks.rollout import run_episodes
 from entr_jax.tokenizer import Tokenizer
+from experiments import multiprocess as mp
 from experiments import rollouts as ro
 from experiments import state_io
 from experiments.config import RunConfig
@@ -115,12 +116,13 @@ class Job:
             seed=self.cfg.seed,
         )
 
-    def _sampling(self, batch_id: int, stream: int = 0, **overrides) -> SamplingParams:
+    def _sampling(self, batch_id: int, stream: int = 0, offset: int = 0,
+                  **overrides) -> SamplingParams:
         s, t = self.cfg.sampling, self.cfg.task
         kw = dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
                   max_new_tokens=t.max_new_tokens,
                   stop_token_ids=tuple(self.tokenizer.eos_token_ids),
-                  seed=ro.sampling_seed(self.cfg.seed, batch_id, stream))
+                  seed=ro.sampling_seed(self.cfg.seed, batch_id, stream, offset))
         kw.update(overrides)
         return SamplingParams(**kw)
 
@@ -131,7 +133,8 @@ class Job:
     # ------------------------------------------------------------------ phases
     def evaluate(self, phase: str, weights: Any, version: int) -> dict[str, Any]:
         """avg@k / pass@k (sampled, k = ``task.eval_samples``) and greedy accuracy on every
-        evaluation set; written to ``eval/<phase>.json``."""
+        evaluation set; written to ``eval/<phase>.json``. With several processes each
+        evaluates its share of the examples (`experiments.multiprocess`)."""
         self.sampler.update_weights(weights, version)
         k = self.cfg.task.eval_samples
         if self.show_progress:
@@ -143,13 +146,18 @@ class Job:
             # would not describe the filtered distribution), so a near-zero temperature there
             argmax = (dict(temperature=1e-5) if self.cfg.sampler.kind == "sglang"
                       else dict(top_k=1, top_p=1.0, min_p=0.0))
-            greedy = self._episodes(self.sampler, examples, self._sampling(0, 1, **argmax), 1)
-            sampled = self._episodes(self.sampler, examples, self._sampling(0, 2), k)
-            flags = [ro.is_correct(t) for t in sampled]
+            lo, hi = self.share.split(len(examples))
+            mine, greedy, flags = examples[lo:hi], [], []
+            if mine:
+                greedy = self._episodes(self.sampler, mine, self._sampling(0, 1, lo, **argmax), 1)
+                flags = [ro.is_correct(t) for t in
+                         self._episodes(self.sampler, mine, self._sampling(0, 2, lo), k)]
+            parts = mp.allgather_json([[ro.is_correct(t) for t in greedy], flags])
+            greedy_all = [f for g, _ in parts for f in g]
+            flags = [f for _, s in parts for f in s]
             per_example = [flags[i * k:(i + 1) * k] for i in range(len(examples))]
             ks = sorted({1, k})
-            out["benchmarks"][name] = benchmark_metrics(
-                per_example, ks=ks, greedy=[ro.is_correct(t) for t in greedy])
+            out["benchmarks"][name] = benchmark_metrics(per_example, ks=ks, greedy=greedy_all)
         self.run.write_json(f"eval/{phase}.json", out)
         return out
 
@@ -170,7 +178,7 @@ class Job:
                    dynamic_ncols=True)
         for step in bar:
             idx = order[step * sft.batch_size:(step + 1) * sft.batch_size]
-            m = learner.sft_on([trajs[i] for i in idx])
+            m = learner.sft_on([trajs[i] for i in self.share.take(idx, "sft.batch_size")])
             if m is not None:
                 records.append({"step": step - 1, "loss": m["loss"]})
                 bar.set_postfix(loss=f"{m['loss']:.3f}")
@@ -183,8 +191,13 @@ class Job:
         return params
 
     def export(self, path) -> None:
-        """Write the current policy in the Hugging Face layout, with the tokenizer files."""
-        save_pretrained(self.learner.state.model(), path)
+        """Write the current policy in the Hugging Face layout, with the tokenizer files
+        (every process calls it; process 0 writes)."""
+        model = nnx.merge(self.learner.state.graphdef,
+                          mp.process_local(nnx.state(self.learner.state.model())))
+        if not self.run.writer:
+            return
+        save_pretrained(model, path)
         source = pathlib.Path(self.cfg.model.path or tiny_dir())
         for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
             if (source / name).exists():
@@ -193,6 +206,11 @@ class Job:
     # ------------------------------------------------------------------ main
     def setup(self) -> None:
         cfg = self.cfg
+        self.share = mp.Share.current()
+        self.prompt_offset = self.share.bounds(cfg.task.prompts_per_step,
+                                               "task.prompts_per_step")[0]
+        if cfg.sft.steps > 0:
+            self.share.bounds(cfg.sft.batch_size, "sft.batch_size")
         self.tokenizer, self.module_fn, weights = self._policy()
         self.task: TaskBundle = build_task(cfg.task)
         obj_cfg = dataclasses.asdict(cfg.objective.selected())
@@ -224,15 +242,19 @@ class Job:
             def export(weights, path):
                 save_pretrained(nnx.merge(graphdef, weights), path)
 
+            export_dir = cfg.sampler.export_dir or str(self.run / "exports")
+            if self.share.count > 1:  # every process exports its own copy for its fleet client
+                export_dir = f"{export_dir}/process_{self.share.index}"
             fleet = SGLangFleetConfig(
                 server_urls=cfg.sampler.server_urls, api_key=cfg.sampler.api_key or None,
                 vocab_size=self.learner.state.model().config.vocab_size,
-                export_dir=cfg.sampler.export_dir or str(self.run / "exports"),
-                export_fn=export)
+                export_dir=export_dir, export_fn=export)
             return SGLangFleet(fleet)
-        rows = cfg.task.prompts_per_step * cfg.task.samples_per_prompt
+        rows = cfg.task.prompts_per_step * cfg.task.samples_per_prompt // self.share.count
+        model = nnx.merge(self.learner.state.graphdef,
+                          mp.process_local(nnx.state(self.learner.state.model())))
         return JaxSampler(
-            self.learner.state.model(), version=0,
+            model, version=0,
             config=JaxSamplerConfig(max_batch_size=min(cfg.sampler.max_batch_size, rows),
                                     dtype=cfg.model.sampler_dtype),
         )
@@ -242,25 +264,42 @@ class Job:
         the intra-trajectory switches the staleness plan gives it)."""
         versions, steps = ro.intra_versions(self.cfg.staleness, batch_id, self.ring)
         return ro.generate_batch(
-            self.sampler, self._episodes, batch_id, next(self.data), versions, steps,
-            self.ring, self._sampling(batch_id), self.cfg.task.samples_per_prompt)
+            self.sampler, self._episodes, batch_id, self.local_prompts(), versions, steps,
+            self.ring, self._sampling(batch_id, offset=self.prompt_offset),
+            self.cfg.task.samples_per_prompt, self.group_offset(batch_id))
+
+    def local_prompts(self) -> list[dict]:
+        """This process's share of the next global prompt batch."""
+        return self.share.take(next(self.data), "task.prompts_per_step")
+
+    def group_offset(self, batch_id: int) -> int:
+        """Global group id of this process's first prompt of batch ``batch_id``."""
+        return batch_id * self.cfg.task.prompts_per_step + self.prompt_offset
+
+    def published(self) -> Any:
+        """The learner's current weights as this process's copy (`mp.process_local`)."""
+        return mp.process_local(self.learner.published_weights())
 
     def advantages(self, batch: ro.RolloutBatch) -> np.ndarray:
+        """Advantages of this process's rows, computed from every process's rewards."""
         t = self.cfg.task
-        rewards = np.array([tr.reward for tr in batch.trajectories], np.float32)
+        parts = mp.allgather_json([float(tr.reward) for tr in batch.trajectories])
+        rewards = np.array([r for part in parts for r in part], np.float32)
         adv = compute_advantages(rewards.reshape(t.prompts_per_step, t.samples_per_prompt),
                                  self.cfg.advantages)
-        return np.asarray(adv, np.float32).reshape(-1)
+        rows = len(batch.trajectories)
+        return np.asarray(adv, np.float32).reshape(-1)[self.share.index * rows:][:rows]
 
     def learn(self, batch: ro.RolloutBatch, record: dict[str, Any]) -> None:
         """One learner step on ``batch``; ``record`` (loop metrics of this step) is logged
         together with the learner's metrics once they are fetched (one step later)."""
         n = record["step"]
         every = self.cfg.token_samples_every
-        if every and n % every == 0 and self.run.writer:
-            arrays = self.learner.token_logprobs(batch.trajectories)
-            (self.run / "token_samples").mkdir(exist_ok=True)
-            np.savez_compressed(self.run / "token_samples" / f"step_{n}.npz", **arrays)
+        if every and n % every == 0:  # every process's rows, written by process 0
+            arrays = mp.gather_rows(self.learner.token_logprobs(batch.trajectories))
+            if self.run.writer:
+                (self.run / "token_samples").mkdir(exist_ok=True)
+                np.savez_compressed(self.run / "token_samples" / f"step_{n}.npz", **arrays)
         start = time.perf_counter()
         previous = self.learner.train_on(batch.trajectories, self.advantages(batch))
         version = self.learner.version  # waits for the step: the sampler needs its weights
@@ -271,14 +310,14 @@ class Job:
         self._pending.append(record)
         self._log(previous)
         if version not in self.ring.versions:
-            self.ring.push(version, self.learner.published_weights())
+            self.ring.push(version, self.published())
 
     def _log(self, learner_metrics: dict[str, Any] | None) -> None:
         if learner_metrics is None:
             return
         record = self._pending.pop(0)
         step, version = record.pop("step"), record.pop("version")
-        merged = {**record, **learner_metrics}
+        merged = {**record, **mp.global_batch_stats(learner_metrics)}
         scalars = {k: v for k, v in merged.items() if not k.startswith("hist/")}
         metrics, timing = _split_timing(scalars)
         self.run.append_jsonl("metrics.jsonl", {"step": step, "version": version, **metrics})
@@ -304,7 +343,8 @@ class Job:
                 sample_s += made.sample_s
                 sampled += sum(int(np.sum(t.loss_mask)) for t in made.trajectories)
             batch = self.line.pop(n)
-            record = {"step": n, "version": version, **ro.rollout_metrics(batch, version),
+            record = {"step": n, "version": version,
+                      **mp.global_rollout_metrics(batch, version),
                       "time/sample_s": sample_s, "time/wait_s": 0.0,
                       "throughput/sampled_tokens_per_s": sampled / max(sample_s, 1e-9)}
             self.learn(batch, record)
@@ -335,14 +375,15 @@ class Job:
         book["rl_wall_s"] = self.rl_wall_s()
         if pending is None:
             pending = list(self.line.state_dict()["pending"].values())
-        queue = {"delay_line": state_io.delay_line_json(self.line, pending, next_step),
-                 "book": book}
+        line = state_io.delay_line_json(self.line, pending, next_step)
+        queue = {"delay_line": mp.per_process(line), "book": book}
         if self.run.writer:
             state_io.save_ring(self.run / "ring" / f"{next_step}.npz", self.ring)
-        self.learner.save(data_state=self.data.get_state(), queue_state=queue,
+        self.learner.save(data_state=mp.per_process(self.data.get_state()), queue_state=queue,
                           config=json.loads(self.cfg.to_json()))
         self.learner.checkpoint.wait()
-        state_io.prune_rings(self.run / "ring", self.learner.checkpoint.all_steps())
+        if self.run.writer:
+            state_io.prune_rings(self.run / "ring", self.learner.checkpoint.all_steps())
 
     def _restore(self) -> dict[str, Any] | None:
         items = self.learner.restore_latest()
@@ -350,8 +391,8 @@ class Job:
             return None
         queue = items["queue_state"]
         book = queue["book"]
-        self.data.set_state(items["data_state"])
-        state_io.load_delay_line(self.line, queue["delay_line"])
+        self.data.set_state(mp.own(items["data_state"], "data_state"))
+        state_io.load_delay_line(self.line, mp.own(queue["delay_line"], "delay_line"))
         state_io.load_ring(self.run / "ring" / f"{book['start_step']}.npz", self.ring,
                            template=self.learner.published_weights())
         for name in ("metrics.jsonl", "timing.jsonl"):
@@ -370,20 +411,20 @@ class Job:
         book = self._restore() if self.resume else None
         if book is None:
             for name in ("metrics.jsonl", "timing.jsonl", "sft.jsonl"):
-                (self.run / name).unlink(missing_ok=True)
+                if self.run.writer:
+                    (self.run / name).unlink(missing_ok=True)
             book = {"start_step": 0, "elapsed_s": 0.0, "evals": {}}
-            book["evals"]["init"] = self.evaluate("init", self.learner.published_weights(), 0)
+            book["evals"]["init"] = self.evaluate("init", self.published(), 0)
             if cfg.sft.steps > 0:
                 self.learner.load_params(self.warm_start(self.module_fn))
-                if cfg.sft.save_model and self.run.writer:
+                if cfg.sft.save_model:
                     self.export(self.run / "sft_model")
                 book["evals"]["before_rl"] = self.evaluate(
-                    "before_rl", self.learner.published_weights(), 0)
+                    "before_rl", self.published(), 0)
             else:  # same weights: the initial evaluation is the one before RL
                 book["evals"]["before_rl"] = dict(book["evals"]["init"], phase="before_rl")
                 self.run.write_json("eval/before_rl.json", book["evals"]["before_rl"])
-            weights = self.learner.published_weights()
-            self.ring.push(0, weights)
+            self.ring.push(0, self.published())
             self.logger.log_hparams(json.loads(cfg.to_json()))
         self._elapsed_base = book["elapsed_s"]
         self._rl_base, self._rl_start = book.get("rl_wall_s", 0.0), time.perf_counter()
@@ -396,8 +437,7 @@ class Job:
         self.flush()
         book["rl_wall_s"] = self.rl_wall_s()
         version = self.learner.version
-        book["evals"]["after_rl"] = self.evaluate("after_rl", self.learner.published_weights(),
-                                                  version)
+        book["evals"]["after_rl"] = self.evaluate("after_rl", self.published(), version)
         book["elapsed_s"] = self.elapsed_s()
         summary = self._summary(book)
         self.run.write_json("summary.json", summary)
