@@ -18,6 +18,10 @@ A checkpoint (every ``checkpoint.every`` steps and at the end) holds the learner
 the data-iterator position, the delay line contents and the loop's bookkeeping; the
 parameter ring goes to ``ring/<step>.npz``. ``--resume`` restores all of it and drops
 metric lines past the checkpoint, so a killed run loses and repeats no batch.
+
+With several processes (`learners.distributed`), each process generates its share of
+every global batch and the checkpoint holds every process's data position and delay
+line; what each knob means then is in `experiments.multiprocess`.
 """
 
 from __future__ import annotations
@@ -146,18 +150,17 @@ class Job:
             # would not describe the filtered distribution), so a near-zero temperature there
             argmax = (dict(temperature=1e-5) if self.cfg.sampler.kind == "sglang"
                       else dict(top_k=1, top_p=1.0, min_p=0.0))
-            lo, hi = self.share.split(len(examples))
-            mine, greedy, flags = examples[lo:hi], [], []
-            if mine:
+            lo, hi = self.share.split(len(examples))  # this process's examples
+            greedy, sampled = [], []
+            if hi > lo:
+                mine = examples[lo:hi]
                 greedy = self._episodes(self.sampler, mine, self._sampling(0, 1, lo, **argmax), 1)
-                flags = [ro.is_correct(t) for t in
-                         self._episodes(self.sampler, mine, self._sampling(0, 2, lo), k)]
-            parts = mp.allgather_json([[ro.is_correct(t) for t in greedy], flags])
-            greedy_all = [f for g, _ in parts for f in g]
-            flags = [f for _, s in parts for f in s]
+                sampled = self._episodes(self.sampler, mine, self._sampling(0, 2, lo), k)
+            greedy, flags = mp.concat([ro.is_correct(t) for t in greedy],
+                                      [ro.is_correct(t) for t in sampled])
             per_example = [flags[i * k:(i + 1) * k] for i in range(len(examples))]
             ks = sorted({1, k})
-            out["benchmarks"][name] = benchmark_metrics(per_example, ks=ks, greedy=greedy_all)
+            out["benchmarks"][name] = benchmark_metrics(per_example, ks=ks, greedy=greedy)
         self.run.write_json(f"eval/{phase}.json", out)
         return out
 
@@ -193,8 +196,7 @@ class Job:
     def export(self, path) -> None:
         """Write the current policy in the Hugging Face layout, with the tokenizer files
         (every process calls it; process 0 writes)."""
-        model = nnx.merge(self.learner.state.graphdef,
-                          mp.process_local(nnx.state(self.learner.state.model())))
+        model = mp.local_model(self.learner.state)
         if not self.run.writer:
             return
         save_pretrained(model, path)
@@ -251,10 +253,8 @@ class Job:
                 export_dir=export_dir, export_fn=export)
             return SGLangFleet(fleet)
         rows = cfg.task.prompts_per_step * cfg.task.samples_per_prompt // self.share.count
-        model = nnx.merge(self.learner.state.graphdef,
-                          mp.process_local(nnx.state(self.learner.state.model())))
         return JaxSampler(
-            model, version=0,
+            mp.local_model(self.learner.state), version=0,
             config=JaxSamplerConfig(max_batch_size=min(cfg.sampler.max_batch_size, rows),
                                     dtype=cfg.model.sampler_dtype),
         )
@@ -283,8 +283,8 @@ class Job:
     def advantages(self, batch: ro.RolloutBatch) -> np.ndarray:
         """Advantages of this process's rows, computed from every process's rewards."""
         t = self.cfg.task
-        parts = mp.allgather_json([float(tr.reward) for tr in batch.trajectories])
-        rewards = np.array([r for part in parts for r in part], np.float32)
+        (rewards,) = mp.concat([float(tr.reward) for tr in batch.trajectories])
+        rewards = np.array(rewards, np.float32)
         adv = compute_advantages(rewards.reshape(t.prompts_per_step, t.samples_per_prompt),
                                  self.cfg.advantages)
         rows = len(batch.trajectories)

@@ -44,12 +44,13 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
+from flax import nnx
 from jax.experimental import multihost_utils
 
 from experiments import rollouts as ro
 
-__all__ = ["Share", "allgather_json", "gather_rows", "global_batch_stats",
-           "global_rollout_metrics", "own", "per_process", "process_local"]
+__all__ = ["Share", "allgather_json", "concat", "gather_rows", "global_batch_stats",
+           "global_rollout_metrics", "local_model", "own", "per_process", "process_local"]
 
 # learner stats (`learners.batching.make_batch`) that are counts over rows/tokens: summed
 _COUNT_STATS = ("batch/num_rows", "batch/padding_rows", "batch/num_loss_tokens",
@@ -111,6 +112,13 @@ def allgather_json(obj: Any) -> list[Any]:
     padded[:data.size] = data
     gathered = multihost_utils.process_allgather(padded)
     return [json.loads(bytes(row[:int(size)]).decode()) for row, size in zip(gathered, sizes)]
+
+
+def concat(*lists: Sequence[Any]) -> tuple[list[Any], ...]:
+    """Each of ``lists`` concatenated over the processes, in process order (a collective;
+    JSON-able items). The lists themselves on one process."""
+    parts = allgather_json([list(items) for items in lists])
+    return tuple([x for part in parts for x in part[i]] for i in range(len(lists)))
 
 
 def gather_rows(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -188,3 +196,12 @@ def process_local(tree: Any) -> Any:
         return jax.numpy.asarray(multihost_utils.process_allgather(x, tiled=True))
 
     return jax.tree.map(local, tree)
+
+
+def local_model(state: Any) -> nnx.Module:
+    """The policy of a `learners.state.TrainState` with `process_local` weights (for the
+    embedded sampler and exports). A collective when weights are sharded across
+    processes. ``state.model()`` itself on one process."""
+    if jax.process_count() == 1:
+        return state.model()
+    return nnx.merge(state.graphdef, process_local(nnx.state(state.model())))
