@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from experiments import multiprocess as mp
 from experiments import rollouts as ro
 
 _STOP = object()
@@ -66,11 +67,11 @@ class Producer(threading.Thread):
                 with self.lock:
                     b = self.next_id
                     start = time.perf_counter()
-                    examples = next(job.data)
-                    params = job._sampling(b)
+                    examples = job.local_prompts()
+                    params = job._sampling(b, offset=job.prompt_offset)
                     estimated = ro.entropy_estimated_count(job.sampler)
                     trajs = job._episodes(job.sampler, examples, params,
-                                          job.cfg.task.samples_per_prompt, b * len(examples))
+                                          job.cfg.task.samples_per_prompt, job.group_offset(b))
                     versions = [int(v) for t in trajs for v in t.token_version[t.loss_mask]]
                     self.out.put(ro.RolloutBatch(
                         b, max(versions, default=0), trajs, time.perf_counter() - start,
@@ -108,7 +109,7 @@ def run_async(job: Any, book: dict[str, Any]) -> None:
                 raise RuntimeError("the sampler thread stopped early") from producer.error
             assert batch.batch_id == n, (batch.batch_id, n)
             sampled = sum(int(np.sum(t.loss_mask)) for t in batch.trajectories)
-            record = {"step": n, "version": version, **ro.rollout_metrics(batch, version),
+            record = {"step": n, "version": version, **mp.global_rollout_metrics(batch, version),
                       "time/sample_s": batch.sample_s, "time/wait_s": wait_s,
                       "throughput/sampled_tokens_per_s": sampled / max(batch.sample_s, 1e-9)}
             job.learn(batch, record)

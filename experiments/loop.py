@@ -25,6 +25,10 @@ the checkpoint, so a killed run loses and repeats no batch; a checkpoint whose w
 ring file cannot be read falls back to the next older one. What a resume may change is
 decided by `experiments.resume`; bad input is refused before any work by
 `experiments.preflight`.
+
+With several processes (`learners.distributed`), each process generates its share of
+every global batch and the checkpoint holds every process's data position and delay
+line; what each knob means then is in `experiments.multiprocess`.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from entr_jax.staleness import DelayLine, ParamRing
 from entr_jax.tasks.rollout import run_episodes
 from entr_jax.tokenizer import Tokenizer
 from experiments import preflight, reference, resume as resume_policy
+from experiments import multiprocess as mp
 from experiments import rollouts as ro
 from experiments import state_io
 from experiments.config import RunConfig
@@ -138,12 +143,13 @@ class Job:
             seed=self.cfg.seed,
         )
 
-    def _sampling(self, batch_id: int, stream: int = 0, **overrides) -> SamplingParams:
+    def _sampling(self, batch_id: int, stream: int = 0, offset: int = 0,
+                  **overrides) -> SamplingParams:
         s, t = self.cfg.sampling, self.cfg.task
         kw = dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
                   max_new_tokens=t.max_new_tokens,
                   stop_token_ids=tuple(self.tokenizer.eos_token_ids),
-                  seed=ro.sampling_seed(self.cfg.seed, batch_id, stream))
+                  seed=ro.sampling_seed(self.cfg.seed, batch_id, stream, offset))
         kw.update(overrides)
         return SamplingParams(**kw)
 
@@ -154,7 +160,8 @@ class Job:
     # ------------------------------------------------------------------ phases
     def evaluate(self, phase: str, weights: Any, version: int) -> dict[str, Any]:
         """avg@k / pass@k (sampled, k = ``task.eval_samples``) and greedy accuracy on every
-        evaluation set; written to ``eval/<phase>.json``."""
+        evaluation set; written to ``eval/<phase>.json``. With several processes each
+        evaluates its share of the examples (`experiments.multiprocess`)."""
         self.sampler.update_weights(weights, version)
         k = self.cfg.task.eval_samples
         if self.show_progress:
@@ -166,13 +173,17 @@ class Job:
             # would not describe the filtered distribution), so a near-zero temperature there
             argmax = (dict(temperature=1e-5) if self.cfg.sampler.kind == "sglang"
                       else dict(top_k=1, top_p=1.0, min_p=0.0))
-            greedy = self._episodes(self.sampler, examples, self._sampling(0, 1, **argmax), 1)
-            sampled = self._episodes(self.sampler, examples, self._sampling(0, 2), k)
-            flags = [ro.is_correct(t) for t in sampled]
+            lo, hi = self.share.split(len(examples))  # this process's examples
+            greedy, sampled = [], []
+            if hi > lo:
+                mine = examples[lo:hi]
+                greedy = self._episodes(self.sampler, mine, self._sampling(0, 1, lo, **argmax), 1)
+                sampled = self._episodes(self.sampler, mine, self._sampling(0, 2, lo), k)
+            greedy, flags = mp.concat([ro.is_correct(t) for t in greedy],
+                                      [ro.is_correct(t) for t in sampled])
             per_example = [flags[i * k:(i + 1) * k] for i in range(len(examples))]
             ks = sorted({1, k})
-            out["benchmarks"][name] = benchmark_metrics(
-                per_example, ks=ks, greedy=[ro.is_correct(t) for t in greedy])
+            out["benchmarks"][name] = benchmark_metrics(per_example, ks=ks, greedy=greedy)
         self.run.write_json(f"eval/{phase}.json", out)
         self._log_eval(out)
         return out
@@ -203,7 +214,7 @@ class Job:
                    dynamic_ncols=True)
         for step in bar:
             idx = order[step * sft.batch_size:(step + 1) * sft.batch_size]
-            m = learner.sft_on([trajs[i] for i in idx])
+            m = learner.sft_on([trajs[i] for i in self.share.take(idx, "sft.batch_size")])
             if m is not None:
                 records.append({"step": step - 1, "loss": m["loss"]})
                 bar.set_postfix(loss=f"{m['loss']:.3f}")
@@ -220,8 +231,12 @@ class Job:
         return params
 
     def export(self, path) -> None:
-        """Write the current policy in the Hugging Face layout, with the tokenizer files."""
-        save_pretrained(self.learner.state.model(), path)
+        """Write the current policy in the Hugging Face layout, with the tokenizer files
+        (every process calls it; process 0 writes)."""
+        model = mp.local_model(self.learner.state)
+        if not self.run.writer:
+            return
+        save_pretrained(model, path)
         source = pathlib.Path(self.cfg.model.path or tiny_dir())
         for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
             if (source / name).exists():
@@ -239,6 +254,11 @@ class Job:
 
     def setup(self) -> None:
         cfg = self.cfg
+        self.share = mp.Share.current()
+        self.prompt_offset = self.share.bounds(cfg.task.prompts_per_step,
+                                               "task.prompts_per_step")[0]
+        if cfg.sft.steps > 0:
+            self.share.bounds(cfg.sft.batch_size, "sft.batch_size")
         if not hasattr(self, "task"):
             self.prepare_task()
         self.module_fn, weights = self._policy()
@@ -271,16 +291,18 @@ class Job:
             def export(weights, path):
                 save_pretrained(nnx.merge(graphdef, weights), path)
 
+            export_dir = cfg.sampler.export_dir or str(self.run / "exports")
+            if self.share.count > 1:  # every process exports its own copy for its fleet client
+                export_dir = f"{export_dir}/process_{self.share.index}"
             fleet = SGLangFleetConfig(
                 server_urls=cfg.sampler.server_urls, api_key=cfg.sampler.api_key or None,
                 router_url=cfg.sampler.router_url or None,
                 vocab_size=self.learner.state.model().config.vocab_size,
-                export_dir=cfg.sampler.export_dir or str(self.run / "exports"),
-                export_fn=export)
+                export_dir=export_dir, export_fn=export)
             return SGLangFleet(fleet)
-        rows = cfg.task.prompts_per_step * cfg.task.samples_per_prompt
+        rows = cfg.task.prompts_per_step * cfg.task.samples_per_prompt // self.share.count
         return JaxSampler(
-            self.learner.state.model(), version=0,
+            mp.local_model(self.learner.state), version=0,
             config=JaxSamplerConfig(max_batch_size=min(cfg.sampler.max_batch_size, rows),
                                     dtype=cfg.model.sampler_dtype),
         )
@@ -290,25 +312,42 @@ class Job:
         the intra-trajectory switches the staleness plan gives it)."""
         versions, steps = ro.intra_versions(self.cfg.staleness, batch_id, self.ring)
         return ro.generate_batch(
-            self.sampler, self._episodes, batch_id, next(self.data), versions, steps,
-            self.ring, self._sampling(batch_id), self.cfg.task.samples_per_prompt)
+            self.sampler, self._episodes, batch_id, self.local_prompts(), versions, steps,
+            self.ring, self._sampling(batch_id, offset=self.prompt_offset),
+            self.cfg.task.samples_per_prompt, self.group_offset(batch_id))
+
+    def local_prompts(self) -> list[dict]:
+        """This process's share of the next global prompt batch."""
+        return self.share.take(next(self.data), "task.prompts_per_step")
+
+    def group_offset(self, batch_id: int) -> int:
+        """Global group id of this process's first prompt of batch ``batch_id``."""
+        return batch_id * self.cfg.task.prompts_per_step + self.prompt_offset
+
+    def published(self) -> Any:
+        """The learner's current weights as this process's copy (`mp.process_local`)."""
+        return mp.process_local(self.learner.published_weights())
 
     def advantages(self, batch: ro.RolloutBatch) -> np.ndarray:
+        """Advantages of this process's rows, computed from every process's rewards."""
         t = self.cfg.task
-        rewards = np.array([tr.reward for tr in batch.trajectories], np.float32)
+        (rewards,) = mp.concat([float(tr.reward) for tr in batch.trajectories])
+        rewards = np.array(rewards, np.float32)
         adv = compute_advantages(rewards.reshape(t.prompts_per_step, t.samples_per_prompt),
                                  self.cfg.advantages)
-        return np.asarray(adv, np.float32).reshape(-1)
+        rows = len(batch.trajectories)
+        return np.asarray(adv, np.float32).reshape(-1)[self.share.index * rows:][:rows]
 
     def learn(self, batch: ro.RolloutBatch, record: dict[str, Any]) -> None:
         """One learner step on ``batch``; ``record`` (loop metrics of this step) is logged
         together with the learner's metrics once they are fetched (one step later)."""
         n = record["step"]
         every = self.cfg.token_samples_every
-        if every and n % every == 0 and self.run.writer:
-            arrays = self.learner.token_logprobs(batch.trajectories)
-            (self.run / "token_samples").mkdir(exist_ok=True)
-            np.savez_compressed(self.run / "token_samples" / f"step_{n}.npz", **arrays)
+        if every and n % every == 0:  # every process's rows, written by process 0
+            arrays = mp.gather_rows(self.learner.token_logprobs(batch.trajectories))
+            if self.run.writer:
+                (self.run / "token_samples").mkdir(exist_ok=True)
+                np.savez_compressed(self.run / "token_samples" / f"step_{n}.npz", **arrays)
         start = time.perf_counter()
         previous = self.learner.train_on(batch.trajectories, self.advantages(batch))
         version = self.learner.version  # waits for the step: the sampler needs its weights
@@ -319,14 +358,14 @@ class Job:
         self._pending.append(record)
         self._log(previous)
         if version not in self.ring.versions:
-            self.ring.push(version, self.learner.published_weights())
+            self.ring.push(version, self.published())
 
     def _log(self, learner_metrics: dict[str, Any] | None) -> None:
         if learner_metrics is None:
             return
         record = self._pending.pop(0)
         step, version = record.pop("step"), record.pop("version")
-        merged = {**record, **learner_metrics}
+        merged = {**record, **mp.global_batch_stats(learner_metrics)}
         scalars = {k: v for k, v in merged.items() if not k.startswith("hist/")}
         metrics, timing = _split_timing(scalars)
         self.run.append_jsonl("metrics.jsonl", {"step": step, "version": version, **metrics})
@@ -352,7 +391,8 @@ class Job:
                 sample_s += made.sample_s
                 sampled += sum(int(np.sum(t.loss_mask)) for t in made.trajectories)
             batch = self.line.pop(n)
-            record = {"step": n, "version": version, **ro.rollout_metrics(batch, version),
+            record = {"step": n, "version": version,
+                      **mp.global_rollout_metrics(batch, version),
                       "time/sample_s": sample_s, "time/wait_s": 0.0,
                       "throughput/sampled_tokens_per_s": sampled / max(sample_s, 1e-9)}
             self.learn(batch, record)
@@ -383,17 +423,19 @@ class Job:
         book["rl_wall_s"] = self.rl_wall_s()
         if pending is None:
             pending = list(self.line.state_dict()["pending"].values())
-        queue = {"delay_line": state_io.delay_line_json(self.line, pending, next_step),
+        queue = {"delay_line": mp.per_process(
+                     state_io.delay_line_json(self.line, pending, next_step)),
                  "book": book, "ring": None}
         if self.run.writer:  # the ring first: a checkpoint never lacks its ring file
             queue["ring"] = state_io.save_ring(self.run / "ring" / f"{next_step}.npz", self.ring)
-        saved = self.learner.save(data_state=self.data.get_state(), queue_state=queue,
+        saved = self.learner.save(data_state=mp.per_process(self.data.get_state()), queue_state=queue,
                                   config=json.loads(self.cfg.to_json()))
         if not saved:  # orbax skips a step that already exists: never silently
             raise RunError(f"checkpoint step {next_step} was not saved: "
                            f"{self.run.checkpoint_dir / str(next_step)} already exists")
         self.learner.checkpoint.wait()
-        state_io.prune_rings(self.run / "ring", self.learner.checkpoint.all_steps())
+        if self.run.writer:
+            state_io.prune_rings(self.run / "ring", self.learner.checkpoint.all_steps())
 
     def _restore_ring(self, step: int, restored: dict[str, Any]) -> ParamRing:
         """The parameter ring saved with checkpoint ``step``, read and checked against the
@@ -412,8 +454,8 @@ class Job:
             return None
         queue = items["queue_state"]
         book = queue["book"]
-        self.data.set_state(items["data_state"])
-        state_io.load_delay_line(self.line, queue["delay_line"])
+        self.data.set_state(mp.own(items["data_state"], "data_state"))
+        state_io.load_delay_line(self.line, mp.own(queue["delay_line"], "delay_line"))
         self.ring = items["verified"]
         for name in ("metrics.jsonl", "timing.jsonl"):
             self.run.truncate_jsonl(name, book["start_step"])
@@ -444,21 +486,21 @@ class Job:
                                   purge_step=0 if book is None else book["start_step"])
         if book is None:
             for name in ("metrics.jsonl", "timing.jsonl", "sft.jsonl"):
-                (self.run / name).unlink(missing_ok=True)
+                if self.run.writer:
+                    (self.run / name).unlink(missing_ok=True)
             book = {"start_step": 0, "elapsed_s": 0.0, "evals": {}}
-            book["evals"]["init"] = self.evaluate("init", self.learner.published_weights(), 0)
+            book["evals"]["init"] = self.evaluate("init", self.published(), 0)
             if cfg.sft.steps > 0:
                 self.learner.load_params(self.warm_start(self.module_fn))
-                if cfg.sft.save_model and self.run.writer:
+                if cfg.sft.save_model:
                     self.export(self.run / "sft_model")
                 book["evals"]["before_rl"] = self.evaluate(
-                    "before_rl", self.learner.published_weights(), 0)
+                    "before_rl", self.published(), 0)
             else:  # same weights: the initial evaluation is the one before RL
                 book["evals"]["before_rl"] = dict(book["evals"]["init"], phase="before_rl")
                 self.run.write_json("eval/before_rl.json", book["evals"]["before_rl"])
                 self._log_eval(book["evals"]["before_rl"])
-            weights = self.learner.published_weights()
-            self.ring.push(0, weights)
+            self.ring.push(0, self.published())
             self.logger.log_hparams(json.loads(cfg.to_json()))
         reference.attach(self.learner, self.run.path, fresh=fresh, write=self.run.writer)
         self._elapsed_base = book["elapsed_s"]
@@ -472,8 +514,7 @@ class Job:
         self.flush()
         book["rl_wall_s"] = self.rl_wall_s()
         version = self.learner.version
-        book["evals"]["after_rl"] = self.evaluate("after_rl", self.learner.published_weights(),
-                                                  version)
+        book["evals"]["after_rl"] = self.evaluate("after_rl", self.published(), version)
         book["elapsed_s"] = self.elapsed_s()
         summary = self._summary(book)
         self.run.write_json("summary.json", summary)

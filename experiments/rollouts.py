@@ -122,10 +122,17 @@ def intra_versions(cfg: st.StalenessConfig, batch_id: int, ring: st.ParamRing
     return versions, steps[len(steps) - depth:] if depth else ()
 
 
-def sampling_seed(seed: int, batch_id: int, stream: int = 0) -> int:
-    """Sampling seed of one rollout batch: a function of (run seed, batch id, stream) only
-    (stream 0: training rollouts; other streams: evaluation)."""
-    return int(np.random.default_rng([seed, 11, stream, batch_id]).integers(0, 2**31 - 1))
+def sampling_seed(seed: int, batch_id: int, stream: int = 0, offset: int = 0) -> int:
+    """Sampling seed of one rollout batch, or of one process's share of it: a function of
+    (run seed, batch id, stream, offset) only.
+
+    ``stream`` 0 is for training rollouts, other streams for evaluation; ``offset`` is the
+    index of the share's first prompt in the global batch (`experiments.multiprocess`).
+    Offset 0 (one process, or process 0) gives the single-process seed, so a one-process
+    run's rollouts do not depend on this argument; other offsets give other streams.
+    """
+    key = [seed, 11, stream, batch_id] + ([offset] if offset else [])
+    return int(np.random.default_rng(key).integers(0, 2**31 - 1))
 
 
 def entropy_estimated_count(sampler: Any) -> int:
@@ -143,6 +150,73 @@ def is_correct(traj: Trajectory) -> bool:
     """Whether an episode was answered correctly: the environment's ``correct`` flag, or a
     reward of at least 1 for environments that give none."""
     return bool(traj.info.get("correct", traj.reward >= 1.0))
+
+
+def trajectory_stats(trajectories: Sequence[Trajectory], version: int,
+                     entropy_estimated_tokens: int = 0) -> dict[str, list]:
+    """Per-trajectory numbers behind `rollout_metrics` (JSON-able lists, one entry per
+    trajectory): ``reward``, ``length`` (policy tokens), ``correct``, ``truncated``,
+    ``group`` (``group_id``), ``inter`` and ``intra`` staleness at learner ``version``;
+    and ``entropy_estimated``, a one-entry list with ``entropy_estimated_tokens`` (this
+    share's count). Lists of several processes concatenate into the stats of their union
+    (`experiments.multiprocess`): group ids are global, counts add up."""
+    stale = [st.trajectory_staleness(version, t.token_version, t.loss_mask) for t in trajectories]
+    return {
+        "reward": [float(t.reward) for t in trajectories],
+        "length": [int(np.sum(t.loss_mask)) for t in trajectories],
+        "correct": [is_correct(t) for t in trajectories],
+        "truncated": [bool(t.info.get("truncated")) for t in trajectories],
+        "group": [int(t.group_id) for t in trajectories],
+        "inter": [int(s[0]) for s in stale],
+        "intra": [int(s[1]) for s in stale],
+        "entropy_estimated": [int(entropy_estimated_tokens)],
+    }
+
+
+def metrics_from_stats(batch_id: int, generation_version: int, stats: dict[str, list],
+                       version: int, first_version: int | None = None) -> dict[str, Any]:
+    """`rollout_metrics` from `trajectory_stats` (of one batch, or of the union of every
+    process's rows of it) consumed at learner ``version``; ``first_version``: the version
+    the batch's generation started from (None: unknown, no ``staleness/intra_planned``)."""
+    rewards = np.array(stats["reward"], np.float64)
+    lengths = np.array(stats["length"])
+    inter, intra = np.array(stats["inter"]), np.array(stats["intra"])
+    has_tokens = lengths > 0
+    inter_planned = version - generation_version
+    unrealised = np.where(has_tokens, inter - inter_planned, 0)
+    planned = {}
+    if first_version is not None:
+        planned["staleness/intra_planned"] = int(generation_version - first_version)
+    groups: dict[int, list[float]] = {}
+    for g, r in zip(stats["group"], rewards):
+        groups.setdefault(int(g), []).append(float(r))
+    flat = [max(g) == min(g) for g in groups.values()]
+    estimated = int(sum(stats["entropy_estimated"]))
+    return {
+        "batch/id": batch_id,
+        "batch/generation_version": generation_version,
+        "reward/mean": float(rewards.mean()),
+        "reward/std": float(rewards.std()),
+        "reward/correct_frac": float(np.mean(stats["correct"])),
+        "reward/zero_variance_group_frac": float(np.mean(flat)),
+        "response/length_mean": float(lengths.mean()),
+        "response/length_max": int(lengths.max()),
+        "response/truncated_frac": float(np.mean(stats["truncated"])),
+        "staleness/inter_mean": float(inter.mean()),
+        "staleness/inter_max": int(inter.max()),
+        "staleness/intra_mean": float(intra.mean()),
+        "staleness/intra_max": int(intra.max()),
+        "staleness/inter_hist": np.bincount(inter).tolist(),
+        "staleness/intra_hist": np.bincount(intra).tolist(),
+        "staleness/inter_planned": int(inter_planned),
+        **planned,
+        "staleness/total_mean": float((inter + intra)[has_tokens].mean()) if has_tokens.any() else 0.0,
+        "staleness/unrealised_switches": int(unrealised.sum()),
+        "staleness/all_switches_frac": float(np.mean(unrealised[has_tokens] == 0))
+        if has_tokens.any() else 1.0,
+        "sampler/entropy_estimated_tokens": estimated,
+        "sampler/entropy_estimated_frac": min(1.0, estimated / max(int(lengths.sum()), 1)),
+    }
 
 
 def rollout_metrics(batch: RolloutBatch, version: int) -> dict[str, Any]:
@@ -168,64 +242,29 @@ def rollout_metrics(batch: RolloutBatch, version: int) -> dict[str, Any]:
     ``sampler/entropy_estimated_frac`` (that count over the policy tokens, at most 1; 0 =
     every ``entropy_mu`` exact).
     """
-    trajs = batch.trajectories
-    rewards = np.array([t.reward for t in trajs], np.float64)
-    lengths = np.array([int(np.sum(t.loss_mask)) for t in trajs])
-    stale = np.array([st.trajectory_staleness(version, t.token_version, t.loss_mask)
-                      for t in trajs])
-    inter, intra = stale[:, 0], stale[:, 1]
-    correct = [is_correct(t) for t in trajs]
-    has_tokens = lengths > 0
-    inter_planned = version - batch.generation_version
-    unrealised = np.where(has_tokens, inter - inter_planned, 0)
-    planned = {}
-    if batch.first_version is not None:
-        planned["staleness/intra_planned"] = int(batch.generation_version - batch.first_version)
-    groups: dict[int, list[float]] = {}
-    for t, r in zip(trajs, rewards):
-        groups.setdefault(int(t.group_id), []).append(float(r))
-    flat = [max(g) == min(g) for g in groups.values()]
-    return {
-        "batch/id": batch.batch_id,
-        "batch/generation_version": batch.generation_version,
-        "reward/mean": float(rewards.mean()),
-        "reward/std": float(rewards.std()),
-        "reward/correct_frac": float(np.mean(correct)),
-        "reward/zero_variance_group_frac": float(np.mean(flat)),
-        "response/length_mean": float(lengths.mean()),
-        "response/length_max": int(lengths.max()),
-        "response/truncated_frac": float(np.mean([bool(t.info.get("truncated")) for t in trajs])),
-        "staleness/inter_mean": float(inter.mean()),
-        "staleness/inter_max": int(inter.max()),
-        "staleness/intra_mean": float(intra.mean()),
-        "staleness/intra_max": int(intra.max()),
-        "staleness/inter_hist": np.bincount(inter).tolist(),
-        "staleness/intra_hist": np.bincount(intra).tolist(),
-        "staleness/inter_planned": int(inter_planned),
-        **planned,
-        "staleness/total_mean": float((inter + intra)[has_tokens].mean()) if has_tokens.any() else 0.0,
-        "staleness/unrealised_switches": int(unrealised.sum()),
-        "staleness/all_switches_frac": float(np.mean(unrealised[has_tokens] == 0))
-        if has_tokens.any() else 1.0,
-        "sampler/entropy_estimated_tokens": int(batch.entropy_estimated_tokens),
-        "sampler/entropy_estimated_frac": min(1.0, float(batch.entropy_estimated_tokens
-                                                         / max(int(lengths.sum()), 1))),
-    }
+    return metrics_from_stats(batch.batch_id, batch.generation_version,
+                              trajectory_stats(batch.trajectories, version,
+                                               batch.entropy_estimated_tokens),
+                              version, first_version=batch.first_version)
 
 
 def generate_batch(sampler: Sampler, run_episodes_fn, batch_id: int, examples: list[dict],
                    versions: list[int], switch_steps: tuple[int, ...], ring: st.ParamRing,
-                   params: SamplingParams, num_samples: int) -> RolloutBatch:
+                   params: SamplingParams, num_samples: int,
+                   group_offset: int | None = None) -> RolloutBatch:
     """Generate one rollout batch: weights of ``versions[0]`` first, then one switch to
     the next version at each of ``switch_steps``; ``run_episodes_fn(sampler, examples,
-    params, num_samples, group_offset)`` runs the episodes."""
+    params, num_samples, group_offset)`` runs the episodes. ``group_offset`` (group id of
+    ``examples[0]``) defaults to ``batch_id * len(examples)``."""
     start = time.perf_counter()
     if getattr(sampler, "version", None) != versions[0]:  # skip a no-op (costly on a fleet)
         sampler.update_weights(ring.get(versions[0]), versions[0])
     schedule = [(s, ring.get(v), v) for s, v in zip(switch_steps, versions[1:])]
+    if group_offset is None:
+        group_offset = batch_id * len(examples)
     estimated = entropy_estimated_count(sampler)
     trajs = run_episodes_fn(ScheduledSampler(sampler, schedule), examples, params,
-                            num_samples, batch_id * len(examples))
+                            num_samples, group_offset)
     return RolloutBatch(batch_id, versions[-1], trajs, time.perf_counter() - start,
                         first_version=versions[0],
                         entropy_estimated_tokens=entropy_estimated_count(sampler) - estimated)

@@ -21,6 +21,12 @@ the next newest, and so on; the full error goes to ``log_file``, and the unresto
 newer step directories are moved to ``<directory>_unrestorable/`` (kept, not deleted;
 orbax would not save those steps again). When none can be restored it raises
 `CheckpointRestoreError`, again one line pointing at ``log_file``.
+
+With several processes, orbax's barriers use the JAX coordination service
+(`use_distributed_barriers`) instead of its default device all-gather: an asynchronous
+save runs barriers from background threads, and device collectives issued from two
+threads at once can be matched in different orders on different processes (orbax's own
+warning: "may cause a deadlock"), which hung 2-process CPU runs at their first save.
 """
 
 from __future__ import annotations
@@ -33,12 +39,24 @@ from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
+from absl import flags
 
 from learners.state import TrainState
 
-__all__ = ["CheckpointFallbackWarning", "CheckpointManager", "CheckpointRestoreError", "Restored"]
+__all__ = ["CheckpointFallbackWarning", "CheckpointManager", "CheckpointRestoreError", "Restored",
+           "use_distributed_barriers"]
 
 _JSON_ITEMS = ("data_state", "queue_state", "config")
+
+
+def use_distributed_barriers() -> None:
+    """Make orbax synchronise processes through the coordination service (thread-safe
+    barriers with timeouts) rather than device collectives. Sets orbax's absl flag
+    ``experimental_orbax_use_distributed_barrier``; absl flags are marked parsed first
+    when nothing parsed them (the job never uses absl's command line)."""
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+    setattr(flags.FLAGS, ocp.multihost.EXPERIMENTAL_ORBAX_USE_DISTRIBUTED_BARRIER.name, True)
 
 
 class Restored(dict):
@@ -108,6 +126,8 @@ class CheckpointManager:
         self.log_file = (Path(log_file) if log_file is not None
                          else self.directory.with_name(self.directory.name + "_restore.log"))
         self.verify = verify
+        if jax.process_count() > 1:
+            use_distributed_barriers()
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep,
             save_interval_steps=save_interval_steps,

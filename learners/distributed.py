@@ -14,12 +14,20 @@ Environment for `initialize` (all three must be set together; none set = single 
 
 On managed clusters (Cloud TPU, SLURM, Open MPI) ``jax.distributed.initialize()`` can also
 discover these by itself; set ``ENTR_DISTRIBUTED_AUTO=1`` to call it without arguments.
+
+On CPU, cross-process collectives use gloo (``jax_cpu_collectives_implementation``, the
+default of jax 0.10; `initialize` sets it when it is unset), so a multi-process run can be
+tested on one machine without accelerators.
+
+Each process's rows must be its own: every row shard of the batch axes ``("data",
+"fsdp")`` has to live on devices of a single process (`local_row_shards` checks it), so
+a tensor-parallel group may not span processes.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -28,9 +36,11 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from entr_jax.sharding import batch_sharding, replicated
-from entr_jax.types import BATCH_ROW_FIELDS, Batch
+from entr_jax.types import BATCH_ROW_FIELDS, Batch, Trajectory
+from learners.batching import bucket_length
 
-__all__ = ["global_sum", "initialize", "is_main_process", "shard_batch"]
+__all__ = ["common_length", "global_max", "global_sum", "host_local", "initialize",
+           "is_main_process", "local_row_shards", "shard_batch"]
 
 _ENV = ("ENTR_COORDINATOR_ADDRESS", "ENTR_NUM_PROCESSES", "ENTR_PROCESS_ID")
 _BATCH_FIELDS = BATCH_ROW_FIELDS
@@ -50,6 +60,7 @@ def initialize(env: Mapping[str, str] | None = None) -> bool:
     """
     env = os.environ if env is None else env
     if env.get("ENTR_DISTRIBUTED_AUTO") == "1":
+        _cpu_collectives()
         jax.distributed.initialize()
         return True
     present = [name for name in _ENV if env.get(name)]
@@ -69,12 +80,20 @@ def initialize(env: Mapping[str, str] | None = None) -> bool:
         raise ValueError(f"ENTR_PROCESS_ID must be in [0, {num_processes}), got {process_id}")
     if num_processes == 1:
         return False
+    _cpu_collectives()
     jax.distributed.initialize(
         coordinator_address=env["ENTR_COORDINATOR_ADDRESS"],
         num_processes=num_processes,
         process_id=process_id,
     )
     return True
+
+
+def _cpu_collectives() -> None:
+    """Cross-process collectives on the CPU backend: gloo unless the user chose one (only
+    the CPU client reads this option; accelerators keep their own collectives)."""
+    if jax.config.jax_cpu_collectives_implementation is None:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
 
 def is_main_process() -> bool:
@@ -88,6 +107,70 @@ def global_sum(value: float) -> float:
         return float(value)
     gathered = multihost_utils.process_allgather(np.asarray(value, np.float64))
     return float(np.sum(gathered))
+
+
+def global_max(value: int) -> int:
+    """Maximum of a host integer over all processes (identity on one process)."""
+    if jax.process_count() == 1:
+        return int(value)
+    return int(np.max(multihost_utils.process_allgather(np.asarray(value, np.int64))))
+
+
+def common_length(trajectories: Sequence[Trajectory], *, min_length: int = 16,
+                  max_length: int | None = None) -> int | None:
+    """The padded sequence length ``L`` every process uses for its rows of one batch.
+
+    `make_batch` buckets ``L`` from the longest local sequence; with several processes the
+    local arrays of one global batch must have the same shape, so ``L`` is bucketed from
+    the longest sequence of all processes (`global_max`, a collective: every process calls
+    it). Returns None on one process (`make_batch` buckets by itself).
+    """
+    if jax.process_count() == 1:
+        return None
+    longest = max((len(t.prompt_ids) + len(t.response_ids) for t in trajectories), default=2)
+    return bucket_length(global_max(max(longest, 2)), min_length=min_length,
+                         max_length=max_length)
+
+
+def local_row_shards(mesh: Mesh) -> int:
+    """Number of row shards of the batch axes ``("data", "fsdp")`` held by this process.
+
+    `shard_batch` gives every process ``1 / process_count`` of the global rows, so each
+    process must own the same number of row shards and no row shard may span processes
+    (devices that differ only along ``"tensor"`` hold the same rows).
+
+    Raises:
+      ValueError: if a row shard's devices belong to several processes, or processes hold
+        different numbers of row shards.
+    """
+    devices = np.asarray(mesh.devices)
+    shards = devices.reshape(mesh.shape["data"] * mesh.shape["fsdp"], -1)
+    owners = [{d.process_index for d in row} for row in shards]
+    shared = [i for i, o in enumerate(owners) if len(o) > 1]
+    if shared:
+        raise ValueError(
+            f"mesh: batch row shard {shared[0]} spans processes {sorted(owners[shared[0]])}; "
+            "each process must own its rows (keep learner.mesh.tensor within one process)")
+    counts = np.bincount([next(iter(o)) for o in owners], minlength=jax.process_count())
+    if len(set(counts.tolist())) != 1:
+        raise ValueError(f"mesh: processes hold unequal numbers of row shards {counts.tolist()}")
+    return int(counts[jax.process_index()])
+
+
+def host_local(tree: Any, mesh: Mesh) -> Any:
+    """numpy copies of this process's part of every array of ``tree``.
+
+    A fully addressable array (any array on one process) is fetched whole; an array
+    spanning processes (e.g. per-token outputs sharded like `shard_batch` rows) gives the
+    rows this process supplied, in the same order (the inverse of `shard_batch`).
+    """
+    def get(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            spec = x.sharding.spec
+            x = multihost_utils.global_array_to_host_local_array(x, mesh, spec)
+        return np.asarray(jax.device_get(x))
+
+    return jax.tree.map(get, tree)
 
 
 def shard_batch(batch: Batch, mesh: Mesh, *, row_axis: int = 1) -> Batch:

@@ -28,7 +28,7 @@ from entr_jax.sharding import MeshConfig, make_mesh
 from entr_jax.types import Trajectory
 from learners.batching import make_batch
 from learners.checkpoint import CheckpointManager
-from learners.distributed import shard_batch
+from learners.distributed import common_length, host_local, local_row_shards, shard_batch
 from learners.logging import DeferredMetrics, MetricsLogger
 from learners.optim import OptimizerConfig, make_optimizer, make_schedule
 from learners.state import TrainState, create_train_state
@@ -217,11 +217,11 @@ class Learner:
         """Host batch (`make_batch`: ``minibatches`` mini-batches of ``num_microbatches``
         microbatches) placed on the mesh, without extra log-prob passes."""
         c = self.config
-        rows = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         host, stats = make_batch(
             trajectories, advantages, pad_id=c.pad_id, num_minibatches=minibatches,
-            num_microbatches=c.num_microbatches, row_multiple=rows,
+            num_microbatches=c.num_microbatches, row_multiple=local_row_shards(self.mesh),
             min_length=c.min_length, max_length=c.max_length,
+            length=common_length(trajectories, min_length=c.min_length, max_length=c.max_length),
             drop_nonfinite_entropy=self.reads_entropy_mu,
         )
         return shard_batch(host, self.mesh), stats
@@ -248,13 +248,14 @@ class Learner:
         """Per-token arrays of the current policy on these trajectories (no update), for
         diagnostics: ``logp_pi``, ``entropy_pi``, ``logp_mu``, ``entropy_mu``,
         ``token_version`` and ``loss_mask``, each ``[B, T]`` numpy (rows beyond
-        ``len(trajectories)`` are padding and are dropped)."""
+        ``len(trajectories)`` are padding and are dropped). With several processes every
+        process calls it with its own rows and gets those rows back."""
         batch, _ = self._device_batch(trajectories, [0.0] * len(trajectories))
         logp, entropy = self.logprob_fn(self.state.params, self.state.other, batch)
         arrays = {"logp_pi": logp, "entropy_pi": entropy, "logp_mu": batch.logp_mu,
                   "entropy_mu": batch.entropy_mu, "token_version": batch.token_version,
                   "loss_mask": batch.loss_mask}
-        host = jax.device_get(arrays)
+        host = host_local(arrays, self.mesh)  # this process's rows
         n = len(trajectories)
         return {k: np.asarray(v).reshape(-1, v.shape[-1])[:n] for k, v in host.items()}
 
