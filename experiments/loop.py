@@ -234,7 +234,8 @@ class Job:
         return JaxSampler(
             self.learner.state.model(), version=0,
             config=JaxSamplerConfig(max_batch_size=min(cfg.sampler.max_batch_size, rows),
-                                    dtype=cfg.model.sampler_dtype),
+                                    dtype=cfg.model.sampler_dtype,
+                                    logit_noise_std=cfg.sampler.logit_noise_std),
         )
 
     def generate(self, batch_id: int) -> ro.RolloutBatch:
