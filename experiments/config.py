@@ -75,6 +75,10 @@ class TaskSpec:
       chain_digits_min, chain_digits_max: ``chain_sum`` only: digits per term.
       chain_train_size: ``chain_sum`` only: training problems generated (held-out
         problems come from another seed; ``eval_examples`` of them are used, 0 = 1000).
+      chain_min_solution_chars: ``chain_sum`` only: drop problems whose worked solution
+        is shorter (with the tiny tokenizer, ``c`` characters are ``c - 2`` response
+        tokens with the EOS, ``c - 3`` for a negative answer (``" -"`` is one token): 67
+        guarantees >= 64).
     """
 
     name: Literal["arithmetic", "chain_sum", "gsm8k", "gsm8k_calculator", "math",
@@ -94,6 +98,7 @@ class TaskSpec:
     chain_digits_min: int = 2
     chain_digits_max: int = 2
     chain_train_size: int = 20000
+    chain_min_solution_chars: int = 0
 
     def __post_init__(self):
         for f in ("arithmetic_max_chars", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "max_turns",
@@ -109,6 +114,8 @@ class TaskSpec:
         _require(self.chain_digits_max >= self.chain_digits_min, "task.chain_digits_max",
                  self.chain_digits_max, f">= task.chain_digits_min ({self.chain_digits_min})")
         _require(self.chain_train_size >= 1, "task.chain_train_size", self.chain_train_size, ">= 1")
+        _require(self.chain_min_solution_chars >= 0, "task.chain_min_solution_chars",
+                 self.chain_min_solution_chars, ">= 0")
 
 
 @dataclasses.dataclass(frozen=True)

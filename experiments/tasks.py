@@ -85,7 +85,8 @@ def build_task(spec: TaskSpec) -> TaskBundle:
         template = _template(spec, "", ARITHMETIC_PLAIN_FORMAT)
         scorer = ExactNumberScorer()
         kw = dict(min_terms=spec.chain_terms_min, max_terms=spec.chain_terms_max,
-                  min_digits=spec.chain_digits_min, max_digits=spec.chain_digits_max)
+                  min_digits=spec.chain_digits_min, max_digits=spec.chain_digits_max,
+                  min_solution_chars=spec.chain_min_solution_chars)
         train = load_source("chain_sum", split="train", size=spec.chain_train_size, **kw)
         evals = load_source("chain_sum", split="eval", size=n_eval or 1000,
                             train_size=spec.chain_train_size, **kw)

@@ -11,8 +11,8 @@ Every step copies the running total and the next term (near-deterministic tokens
 the format is learned) and computes a new total (the uncertain tokens), so a response
 mixes low- and high-entropy positions, and its length grows linearly with the number of
 terms: with the tiny tokenizer (one token per digit, operator, ``=`` and newline) 9 terms
-of 2 digits give 71-106 response tokens (median 88, EOS included). The final answer is
-right only if every step is, so the reward depends on the whole response.
+of 2 digits give 71-106 response tokens (median 88, EOS included), 8 terms 62-93. The
+final answer is right only if every step is, so the reward depends on the whole response.
 
 Train and held-out problems come from disjoint reasoning-gym seeds; held-out expressions
 that also occur in the training set are dropped.
@@ -74,6 +74,7 @@ def chain_sum_source(
     max_digits: int = 2,
     seed: int = 0,
     train_size: int = 20000,
+    min_solution_chars: int = 0,
 ) -> list[Example]:
     """Chain problems with worked solutions (reasoning-gym ``chain_sum``, seeded).
 
@@ -83,6 +84,10 @@ def chain_sum_source(
         ``train_size`` problems at the same settings are dropped).
       size: problems generated for the split (``eval`` may keep fewer after the drop).
       train_size: ``eval`` only: size of the training split to exclude.
+      min_solution_chars: drop problems whose worked solution has fewer characters (a
+        length floor for the responses; with the tiny tokenizer a solution of ``c``
+        characters is ``c - 3`` tokens, ``####`` being one, ``c - 4`` when the answer is
+        negative, ``" -"`` being one; plus the EOS).
       min_terms, max_terms: terms per chain (each problem draws one count).
       min_digits, max_digits: digits per term (each problem draws one count; 1 digit
         means 0-9).
@@ -109,6 +114,8 @@ def chain_sum_source(
         if expression in train_exprs:
             continue
         solution, total = worked_chain(expression)
+        if len(solution) < min_solution_chars:
+            continue
         if str(total) != row["answer"]:
             raise ValueError(f"chain_sum_source: worked total {total} != reasoning-gym "
                              f"answer {row['answer']} for {expression!r}")
