@@ -75,6 +75,8 @@ class TaskSpec:
       chain_digits_min, chain_digits_max: ``chain_sum`` only: digits per term.
       chain_train_size: ``chain_sum`` only: training problems generated (held-out
         problems come from another seed; ``eval_examples`` of them are used, 0 = 1000).
+      chain_style: ``chain_sum`` only: ``reduce`` (each line the new total and the rest
+        of the chain) or ``running`` (each line ``total op term = new total``).
       chain_min_solution_chars: ``chain_sum`` only: drop problems whose worked solution
         is shorter (with the tiny tokenizer, ``c`` characters are ``c - 2`` response
         tokens with the EOS, ``c - 3`` for a negative answer (``" -"`` is one token): 67
@@ -98,6 +100,7 @@ class TaskSpec:
     chain_digits_min: int = 2
     chain_digits_max: int = 2
     chain_train_size: int = 20000
+    chain_style: Literal["reduce", "running"] = "reduce"
     chain_min_solution_chars: int = 0
 
     def __post_init__(self):
@@ -114,6 +117,8 @@ class TaskSpec:
         _require(self.chain_digits_max >= self.chain_digits_min, "task.chain_digits_max",
                  self.chain_digits_max, f">= task.chain_digits_min ({self.chain_digits_min})")
         _require(self.chain_train_size >= 1, "task.chain_train_size", self.chain_train_size, ">= 1")
+        _require(self.chain_style in ("reduce", "running"), "task.chain_style", self.chain_style,
+                 "'reduce' or 'running'")
         _require(self.chain_min_solution_chars >= 0, "task.chain_min_solution_chars",
                  self.chain_min_solution_chars, ">= 0")
 

@@ -80,13 +80,13 @@ def build_task(spec: TaskSpec) -> TaskBundle:
             verifier=verifier,
         )
     if spec.name == "chain_sum":
-        # "48+24-9=" -> "48+24=72\n72-9=63\n#### 63"; only a plain number after '####'
-        # counts, compared exactly (no math-verify worker)
+        # "4+1-7-7=" -> "5-7-7\n-2-7\n-9\n#### -9" (reduce style); only a plain number
+        # after '####' counts, compared exactly (no math-verify worker)
         template = _template(spec, "", ARITHMETIC_PLAIN_FORMAT)
         scorer = ExactNumberScorer()
         kw = dict(min_terms=spec.chain_terms_min, max_terms=spec.chain_terms_max,
                   min_digits=spec.chain_digits_min, max_digits=spec.chain_digits_max,
-                  min_solution_chars=spec.chain_min_solution_chars)
+                  min_solution_chars=spec.chain_min_solution_chars, style=spec.chain_style)
         train = load_source("chain_sum", split="train", size=spec.chain_train_size, **kw)
         evals = load_source("chain_sum", split="eval", size=n_eval or 1000,
                             train_size=spec.chain_train_size, **kw)

@@ -27,13 +27,16 @@ def stress_task():
     return spec, build_task(spec)
 
 
-def test_worked_chain_recomputes_the_running_total():
-    assert worked_chain("48 + 24 - 9") == ("48+24=72\n72-9=63\n#### 63", 63)
-    assert worked_chain("4-1-7") == ("4-1=3\n3-7=-4\n#### -4", -4)
-    assert worked_chain("15+43+75-72") == ("15+43=58\n58+75=133\n133-72=61\n#### 61", 61)
+def test_worked_chain_styles():
+    assert worked_chain("48 + 24 - 9") == ("72-9\n63\n#### 63", 63)
+    assert worked_chain("4+1-7-7") == ("5-7-7\n-2-7\n-9\n#### -9", -9)
+    assert worked_chain("48 + 24 - 9", "running") == ("48+24=72\n72-9=63\n#### 63", 63)
+    assert worked_chain("4-1-7", "running") == ("4-1=3\n3-7=-4\n#### -4", -4)
     for bad in ("48", "48+", "4*2", "-3+4", "4+-3", ""):
         with pytest.raises(ValueError, match="worked_chain"):
             worked_chain(bad)
+    with pytest.raises(ValueError, match="style must be one of"):
+        worked_chain("1+2", "tree")
 
 
 def test_chain_source_is_seeded_and_splits_are_disjoint():
@@ -46,16 +49,19 @@ def test_chain_source_is_seeded_and_splits_are_disjoint():
         terms = e["question"].replace("-", "+").split("+")
         assert 3 <= len(terms) <= 5 and all(1 <= len(t) <= 2 for t in terms)
         assert worked_chain(e["question"]) == (e["solution"], int(e["answer"]))
+    running = chain_sum_source("train", style="running", **kw)
+    assert [e["question"] for e in running] == [e["question"] for e in a]
+    assert running[0]["solution"] == worked_chain(a[0]["question"], "running")[0]
     assert all(len(e["solution"]) >= 40 for e in chain_sum_source("train", min_solution_chars=40, **kw))
     with pytest.raises(ValueError, match="split must be"):
         chain_sum_source("test")
 
 
 def test_stress_task_token_lengths(stress_task, tokenizer):
-    """Every training (first 3000) and held-out response of the stress preset is 65-93
-    tokens (EOS included), its prompt 24, the whole episode within max_total_tokens."""
+    """Every training (first 3000) and held-out response of the stress preset is 76-92
+    tokens (EOS included), its prompt 18, the whole episode within max_total_tokens."""
     spec, task = stress_task
-    assert len(task.train) == 2997 and len(task.eval_sets["chain_sum"]) == 128
+    assert len(task.train) == 3000 and len(task.eval_sets["chain_sum"]) == 128
     assert len(task.demos) == len(task.train)
     lengths = {}
     for name, demos in (("train", task.demos),
@@ -67,14 +73,14 @@ def test_stress_task_token_lengths(stress_task, tokenizer):
         lengths[name] = (int(r.min()), int(r.max()), int(p.min()), int(p.max()))
         assert int((r + p).max()) <= spec.max_total_tokens == 128
         assert int(r.max()) <= spec.max_new_tokens == 100
-    assert lengths == {"train": (65, 93, 24, 24), "eval": (66, 93, 24, 24)}
+    assert lengths == {"train": (76, 92, 18, 18), "eval": (76, 92, 18, 18)}
     assert task.demos[0]["completion"] == task.train[0]["solution"]
     assert task.demos[0]["prompt"] == task.train[0]["question"] + "="
 
 
 def test_configured_switches_all_fall_inside_every_response(stress_task):
     """Switch steps are drawn from [1, switch_window - 1] = [1, 47], below the shortest
-    response (64 tokens), so at 5, 7 and 9 switches every one happens in every response
+    response (76 tokens), so at 5, 7 and 9 switches every one happens in every response
     of the task and the measured intra staleness equals the configured one (once the ring
     holds enough versions); the loop test below measures it."""
     cfg = preset("stress").staleness

@@ -1,18 +1,23 @@
 """Chain arithmetic with worked steps: long responses for the stress regime.
 
 A problem is a chain of additions and subtractions (reasoning-gym's ``chain_sum`` task,
-e.g. ``"48 + 24 - 9"``); the worked solution recomputes the running total one step per
-line and ends with the final answer::
+e.g. ``"4+1-7-7"``); the worked solution does one operation per line and ends with the
+final answer, in one of two styles::
 
-    question  "48+24-9"
-    solution  "48+24=72\\n72-9=63\\n#### 63"
+    question  "4+1-7-7"
+    reduce    "5-7-7\\n-2-7\\n-9\\n#### -9"          (the new total, then the rest of the chain)
+    running   "4+1=5\\n5-7=-2\\n-2-7=-9\\n#### -9"   (the running total, the term, the new total)
 
-Every step copies the running total and the next term (near-deterministic tokens once
-the format is learned) and computes a new total (the uncertain tokens), so a response
-mixes low- and high-entropy positions, and its length grows linearly with the number of
-terms: with the tiny tokenizer (one token per digit, operator, ``=`` and newline) 9 terms
-of 2 digits give 71-106 response tokens (median 88, EOS included), 8 terms 62-93. The
-final answer is right only if every step is, so the reward depends on the whole response.
+In ``reduce`` (a scratchpad reduction) every line applies the first operation and copies
+the remaining chain from the line above; in ``running`` the next term must be found in
+the prompt. Either way most tokens are copies (near-deterministic once the format is
+learned) and the new totals are the uncertain ones, so a response mixes low- and
+high-entropy positions; the final answer is right only if every step is, so the reward
+depends on the whole response. With the tiny tokenizer (one token per digit, operator and
+newline; ``####`` and ``" -"`` are one token each) ``reduce`` over 9 one-digit terms gives
+76-92 response tokens (EOS included; the stress preset), ``running`` over 8 two-digit
+terms 62-93. (The tiny model does not learn ``running`` over two-digit terms in 400
+supervised steps: held-out accuracy 0, operands copied wrongly from the prompt.)
 
 Train and held-out problems come from disjoint reasoning-gym seeds; held-out expressions
 that also occur in the training set are dropped.
@@ -32,18 +37,25 @@ Example = dict[str, Any]
 EVAL_SEED_OFFSET = 10**7
 
 
-def worked_chain(expression: str) -> tuple[str, int]:
+STYLES = ("reduce", "running")
+
+
+def worked_chain(expression: str, style: str = "reduce") -> tuple[str, int]:
     """The worked solution of a chain of ``+``/``-`` over non-negative integers.
 
     Args:
       expression: ``"a op b op c ..."`` with single spaces (reasoning-gym's format) or
         none (``"a+b-c"``); integers and ``+``/``-`` only.
+      style: ``"reduce"``: line ``k`` is the total after ``k`` operations followed by the
+        remaining operations (``"5-7-7"``, ..., the last line the bare total);
+        ``"running"``: line ``k`` is ``"<total><op><term>=<new total>"``.
     Returns:
-      ``(solution, total)``: one line ``"<running total><op><term>=<new total>"`` per
-      operator, then ``"#### <total>"``; ``total`` is the exact value.
+      ``(solution, total)``: the lines, then ``"#### <total>"``; ``total`` is exact.
     Raises:
-      ValueError: a malformed expression (the message quotes it).
+      ValueError: a malformed expression (the message quotes it) or an unknown style.
     """
+    if style not in STYLES:
+        raise ValueError(f"worked_chain: style must be one of {STYLES}, got {style!r}")
     terms, ops, number = [], [], ""
     for ch in expression.replace(" ", ""):
         if ch.isdigit():
@@ -57,10 +69,14 @@ def worked_chain(expression: str) -> tuple[str, int]:
     if not number or not ops:
         raise ValueError(f"worked_chain: need at least two terms: {expression!r}")
     terms.append(int(number))
+    steps = list(zip(ops, terms[1:]))
     total, lines = terms[0], []
-    for op, term in zip(ops, terms[1:]):
+    for k, (op, term) in enumerate(steps):
         new = total + term if op == "+" else total - term
-        lines.append(f"{total}{op}{term}={new}")
+        if style == "running":
+            lines.append(f"{total}{op}{term}={new}")
+        else:
+            lines.append(f"{new}" + "".join(f"{o}{t}" for o, t in steps[k + 1:]))
         total = new
     return "\n".join(lines) + f"\n#### {total}", total
 
@@ -75,6 +91,7 @@ def chain_sum_source(
     seed: int = 0,
     train_size: int = 20000,
     min_solution_chars: int = 0,
+    style: str = "reduce",
 ) -> list[Example]:
     """Chain problems with worked solutions (reasoning-gym ``chain_sum``, seeded).
 
@@ -88,12 +105,13 @@ def chain_sum_source(
         length floor for the responses; with the tiny tokenizer a solution of ``c``
         characters is ``c - 3`` tokens, ``####`` being one, ``c - 4`` when the answer is
         negative, ``" -"`` being one; plus the EOS).
+      style: of the worked solution (`worked_chain`).
       min_terms, max_terms: terms per chain (each problem draws one count).
       min_digits, max_digits: digits per term (each problem draws one count; 1 digit
         means 0-9).
     Returns:
       examples ``{"id", "question" (no spaces, e.g. "48+24-9"), "answer", "solution"
-      (`worked_chain`), "source": "chain_sum"}``.
+      (`worked_chain` in ``style``), "source": "chain_sum"}``.
     Raises:
       ValueError: bad split or sizes; the reasoning-gym answer disagrees with the worked
         total (never expected).
@@ -113,7 +131,7 @@ def chain_sum_source(
         expression = row["metadata"]["expression"]
         if expression in train_exprs:
             continue
-        solution, total = worked_chain(expression)
+        solution, total = worked_chain(expression, style)
         if len(solution) < min_solution_chars:
             continue
         if str(total) != row["answer"]:

@@ -35,10 +35,12 @@ QUICKSTART = RunConfig(
     checkpoint=CheckpointSpec(every=50, keep=2),
 )
 
-# The stress testbed (issue 12): long worked-step responses (65-93 tokens, at least 64 by construction) so that
-# in-flight weight switches happen inside every response; Fig. 9's staleness axes are
-# reachable (inter lag up to 30 through the delay line, intra switches up to 9 with a ring
-# of 10 versions and switch steps drawn from [1, 47], below the shortest response).
+# The stress testbed (issue 12): long worked-step responses (76-92 tokens, at least 64 by
+# construction) so that in-flight weight switches happen inside every response; Fig. 9's
+# staleness axes are reachable (inter lag up to 30 through the delay line, intra switches
+# up to 9 with a ring of 10 versions and switch steps drawn from [1, 47], below the
+# shortest response). The synthetic sampler mismatch is off by default
+# (--sampler.logit_noise_std; docs/stress.md).
 STRESS = RunConfig(
     name="stress",
     seed=0,
@@ -46,9 +48,9 @@ STRESS = RunConfig(
     token_samples_every=10,
     task=TaskSpec(name="chain_sum", template="plain", prompts_per_step=8,
                   samples_per_prompt=8, max_new_tokens=100, max_total_tokens=128,
-                  eval_examples=128, eval_samples=4, chain_terms_min=8, chain_terms_max=8,
-                  chain_digits_min=2, chain_digits_max=2, chain_train_size=20000,
-                  chain_min_solution_chars=67),
+                  eval_examples=128, eval_samples=4, chain_terms_min=9, chain_terms_max=9,
+                  chain_digits_min=1, chain_digits_max=1, chain_train_size=20000,
+                  chain_style="reduce", chain_min_solution_chars=67),
     sampling=SamplingSpec(temperature=1.0),
     advantages=AdvantageConfig(estimator="grpo"),
     objective=ObjectiveSpec(name="entr"),
@@ -103,8 +105,8 @@ PRESETS: dict[str, tuple[str, RunConfig]] = {
         QUICKSTART,
     ),
     "stress": (
-        "Tiny model on CPU, the stress testbed: chains of 8 two-digit terms answered with "
-        "one worked step per line (65-93 response tokens), SFT warm start, then ENTR under "
+        "Tiny model on CPU, the stress testbed: chains of 9 one-digit terms reduced one "
+        "operation per line (76-92 response tokens), SFT warm start, then ENTR under "
         "simulated staleness (inter lag 4, 3 in-flight switches inside every response). "
         "Reuse one warm start: --model.path RUN/sft_model --sft.steps 0.",
         STRESS,
