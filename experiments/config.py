@@ -87,6 +87,8 @@ class TaskSpec:
 
     Attributes:
       name: ``arithmetic`` (the calculator annotations of GSM8K's training solutions),
+        ``chain_sum`` (chains of ``+``/``-`` answered with one worked step per line,
+        long responses for the stress regime; `entr_jax.data.chains`),
         ``gsm8k`` (single turn), ``gsm8k_calculator`` (multi-turn with a calculator tool),
         ``math`` (MATH-style, evaluated on MATH-500/AIME24/AMC23), ``search`` (multi-hop
         questions over a local BM25 corpus).
@@ -106,9 +108,21 @@ class TaskSpec:
         spaces removed; `entr_jax.data.sources.gsm8k_arithmetic`).
       arithmetic_ops: ``arithmetic`` only: keep expressions whose operators are all in
         this set (e.g. ``"+-"`` for sums and differences).
+      chain_terms_min, chain_terms_max: ``chain_sum`` only: terms per chain (each problem
+        draws one count in this range; `entr_jax.data.chains`).
+      chain_digits_min, chain_digits_max: ``chain_sum`` only: digits per term.
+      chain_train_size: ``chain_sum`` only: training problems generated (held-out
+        problems come from another seed; ``eval_examples`` of them are used, 0 = 1000).
+      chain_style: ``chain_sum`` only: ``reduce`` (each line the new total and the rest
+        of the chain) or ``running`` (each line ``total op term = new total``).
+      chain_min_solution_chars: ``chain_sum`` only: drop problems whose worked solution
+        is shorter (with the tiny tokenizer, ``c`` characters are ``c - 2`` response
+        tokens with the EOS, ``c - 3`` for a negative answer (``" -"`` is one token): 67
+        guarantees >= 64).
     """
 
-    name: Literal["arithmetic", "gsm8k", "gsm8k_calculator", "math", "search"] = "arithmetic"
+    name: Literal["arithmetic", "chain_sum", "gsm8k", "gsm8k_calculator", "math",
+                  "search"] = "arithmetic"
     template: Literal["plain", "chat"] = "plain"
     prompts_per_step: int = 16
     samples_per_prompt: int = 8
@@ -119,6 +133,13 @@ class TaskSpec:
     eval_samples: int = 4
     arithmetic_max_chars: int = 30
     arithmetic_ops: str = "+-*/"
+    chain_terms_min: int = 9
+    chain_terms_max: int = 9
+    chain_digits_min: int = 2
+    chain_digits_max: int = 2
+    chain_train_size: int = 20000
+    chain_style: Literal["reduce", "running"] = "reduce"
+    chain_min_solution_chars: int = 0
 
     def __post_init__(self):
         for f in ("arithmetic_max_chars", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "max_turns",
@@ -131,6 +152,17 @@ class TaskSpec:
                  "cut every generation")
         _require(bool(self.arithmetic_ops) and set(self.arithmetic_ops) <= set("+-*/"),
                  "task.arithmetic_ops", self.arithmetic_ops, "a non-empty subset of '+-*/'")
+        _require(self.chain_terms_min >= 2, "task.chain_terms_min", self.chain_terms_min, ">= 2")
+        _require(self.chain_terms_max >= self.chain_terms_min, "task.chain_terms_max",
+                 self.chain_terms_max, f">= task.chain_terms_min ({self.chain_terms_min})")
+        _require(self.chain_digits_min >= 1, "task.chain_digits_min", self.chain_digits_min, ">= 1")
+        _require(self.chain_digits_max >= self.chain_digits_min, "task.chain_digits_max",
+                 self.chain_digits_max, f">= task.chain_digits_min ({self.chain_digits_min})")
+        _require(self.chain_train_size >= 1, "task.chain_train_size", self.chain_train_size, ">= 1")
+        _require(self.chain_style in ("reduce", "running"), "task.chain_style", self.chain_style,
+                 "'reduce' or 'running'")
+        _require(self.chain_min_solution_chars >= 0, "task.chain_min_solution_chars",
+                 self.chain_min_solution_chars, ">= 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +183,12 @@ class SamplerSpec:
       api_key: sent as a bearer token when non-empty.
       export_dir: where weight exports go (empty: ``<run_dir>/exports``).
       max_batch_size: rows per device batch of the embedded sampler.
+      logit_noise_std: ``jax`` only: a SYNTHETIC train/inference mismatch (the stress
+        testbed's stand-in for an engine's numerics at a scale where bf16 alone shows
+        little; `samplers.jax_mismatch`): Gaussian noise of this standard deviation (logit
+        units) on the sampler's logits, seeded per token. The learner never sees it;
+        ``logp_mu``/``entropy_mu`` describe the perturbed distribution that sampled, so the
+        importance ratio carries the mismatch. 0 = off.
     """
 
     kind: Literal["jax", "sglang"] = "jax"
@@ -159,6 +197,7 @@ class SamplerSpec:
     api_key: str = ""
     export_dir: str = ""
     max_batch_size: int = 256
+    logit_noise_std: float = 0.0
 
     def __post_init__(self):
         if self.kind not in ("jax", "sglang"):
@@ -169,6 +208,11 @@ class SamplerSpec:
             ("http://", "https://"))), "sampler.router_url", self.router_url,
             "empty, or an http(s):// URL with sampler.kind 'sglang'")
         _require(self.max_batch_size >= 1, "sampler.max_batch_size", self.max_batch_size, ">= 1")
+        _require(self.logit_noise_std >= 0, "sampler.logit_noise_std", self.logit_noise_std,
+                 ">= 0")
+        _require(self.kind == "jax" or self.logit_noise_std == 0, "sampler.logit_noise_std",
+                 self.logit_noise_std, "0 with sampler.kind='sglang' (synthetic noise exists "
+                 "only in the embedded sampler)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -304,7 +304,8 @@ class Job:
         return JaxSampler(
             mp.local_model(self.learner.state), version=0,
             config=JaxSamplerConfig(max_batch_size=min(cfg.sampler.max_batch_size, rows),
-                                    dtype=cfg.model.sampler_dtype),
+                                    dtype=cfg.model.sampler_dtype,
+                                    logit_noise_std=cfg.sampler.logit_noise_std),
         )
 
     def generate(self, batch_id: int) -> ro.RolloutBatch:

@@ -29,6 +29,11 @@ Usage::
     python -m experiments.sweep run   SPEC.toml --out runs/sweep --workers 2
     python -m experiments.sweep emit  SPEC.toml --out runs/sweep > commands.txt
     python -m experiments.sweep summarize runs/sweep
+
+A method comparison adds a ``[comparison]`` table (one shared objective base, each
+method's own parameters and declared differences; `experiments.comparison`): its methods
+multiply the grid points, ``run``/``emit`` refuse a spec whose resolved runs differ in an
+undeclared field, and ``summarize`` prints each method's differences from the base.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ import subprocess
 import sys
 import tomllib
 from typing import Any
+
+from experiments import comparison
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +88,7 @@ def load_spec(path: str | pathlib.Path) -> dict[str, Any]:
     """Read and check a sweep spec; errors name the offending key."""
     with open(path, "rb") as f:
         spec = tomllib.load(f)
-    unknown = set(spec) - {"preset", "seeds", "grid", "fixed"}
+    unknown = set(spec) - {"preset", "seeds", "grid", "fixed", "comparison"}
     if unknown:
         raise ValueError(f"sweep spec {path}: unknown keys {sorted(unknown)}")
     if not isinstance(spec.get("preset"), str):
@@ -97,6 +104,8 @@ def load_spec(path: str | pathlib.Path) -> dict[str, Any]:
             if not isinstance(values, list) or not values:
                 raise ValueError(f"sweep spec {path}: grid[{i}].{key} must be a non-empty list")
     spec.setdefault("fixed", {})
+    if "comparison" in spec:
+        comparison.parse_methods(spec, f"sweep spec {path}")
     return spec
 
 
@@ -121,18 +130,22 @@ def expand(spec: dict[str, Any], out_dir: str | pathlib.Path) -> list[SweepRun]:
     out_dir = pathlib.Path(out_dir)
     staleness_fixed = any(k.startswith("staleness.") for k in spec["fixed"])
     runs: dict[str, SweepRun] = {}
+    methods = comparison.method_points(spec)  # [("", {})] without a [comparison] table
     for grid in spec["grid"]:
         keys = list(grid)
         for values in itertools.product(*(grid[k] for k in keys)):
-            for seed in spec["seeds"]:
-                point = dict(zip(keys, values))
-                name = "_".join([_slug(k, v) for k, v in point.items()] + [f"seed={seed}"])
-                fixed = spec["fixed"]
-                if staleness_fixed:
-                    reads = _mode_reads(spec, point)
-                    fixed = {k: v for k, v in fixed.items() if reads(k)}
-                overrides = {**fixed, **point, "seed": seed}
-                runs.setdefault(name, SweepRun(name, out_dir / name, overrides))
+            for label, method in methods:
+                for seed in spec["seeds"]:
+                    point = dict(zip(keys, values))
+                    slugs = [label] if label else []
+                    name = "_".join(slugs + [_slug(k, v) for k, v in point.items()]
+                                    + [f"seed={seed}"])
+                    fixed = spec["fixed"]
+                    if staleness_fixed:
+                        reads = _mode_reads(spec, {**method, **point})
+                        fixed = {k: v for k, v in fixed.items() if reads(k)}
+                    overrides = {**fixed, **method, **point, "seed": seed}
+                    runs.setdefault(name, SweepRun(name, out_dir / name, overrides))
     return list(runs.values())
 
 
@@ -234,8 +247,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cmd == "summarize":
         print(format_table(summarize(args.out)))
+        report = comparison.summary_report(args.out)
+        if report:
+            print(report)
         return 0
     spec = load_spec(args.spec)
+    if "comparison" in spec:
+        comparison.verify(spec, expand(spec, args.out))
+        if args.cmd == "run":
+            comparison.write_spec(spec, args.out)
     if args.cmd == "emit":
         print("\n".join(emit(spec, args.out)))
         return 0

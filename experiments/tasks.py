@@ -10,10 +10,12 @@ from typing import Any, Callable
 import numpy as np
 
 from entr_jax.data import PromptTemplate, encode_prompt, load_source
+from entr_jax.data.chains import solution_demos
 from entr_jax.data.sft import answer_demos, gsm8k_calc_demos
 from entr_jax.data.templates import GSM8K_INSTRUCTION, MATH_INSTRUCTION
 from entr_jax.tasks.calculator import CALC_INSTRUCTION, make_calculator_env
 from entr_jax.tasks.env import Environment, SingleTurnEnv
+from entr_jax.tasks.exact import ExactNumberScorer
 from entr_jax.tasks.rewards import MathScorer, MathVerifier, RewardConfig, VerifierConfig
 from entr_jax.tasks.rollout import RolloutConfig
 from entr_jax.tasks.search import BM25Index, make_corpus, make_search_env
@@ -81,6 +83,25 @@ def build_task(spec: TaskSpec, verifier_config: VerifierConfig = VerifierConfig(
             env_factory=lambda: SingleTurnEnv(template, scorer),
             rollout=rollout,
             demos=answer_demos(train, template),
+            verifier=verifier,
+        )
+    if spec.name == "chain_sum":
+        # "4+1-7-7=" -> "5-7-7\n-2-7\n-9\n#### -9" (reduce style); only a plain number
+        # after '####' counts, compared exactly (no math-verify worker)
+        template = _template(spec, "", ARITHMETIC_PLAIN_FORMAT)
+        scorer = ExactNumberScorer()
+        kw = dict(min_terms=spec.chain_terms_min, max_terms=spec.chain_terms_max,
+                  min_digits=spec.chain_digits_min, max_digits=spec.chain_digits_max,
+                  min_solution_chars=spec.chain_min_solution_chars, style=spec.chain_style)
+        train = load_source("chain_sum", split="train", size=spec.chain_train_size, **kw)
+        evals = load_source("chain_sum", split="eval", size=n_eval or 1000,
+                            train_size=spec.chain_train_size, **kw)
+        return TaskBundle(
+            train=train,
+            eval_sets={"chain_sum": evals},
+            env_factory=lambda: SingleTurnEnv(template, scorer),
+            rollout=rollout,
+            demos=solution_demos(train, template),
             verifier=verifier,
         )
     if spec.name in ("gsm8k", "math"):

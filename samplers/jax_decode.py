@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from entr_jax.model.decoder import KVCache, init_cache
+from samplers.jax_mismatch import perturb_logits
 from samplers.jax_sampling import sample_tokens
 
 Array = jax.Array
@@ -80,9 +81,13 @@ def _row_keys(seed: Array, row_ids: Array, step: Array) -> Array:
     return jax.vmap(one)(row_ids)
 
 
-def _record(state: DecodeState, logits_BV, row_ids, args: SamplingArgs, version, filtered):
-    """Samples response token ``state.step`` for every row and writes it into the buffers."""
+def _record(state: DecodeState, logits_BV, row_ids, args: SamplingArgs, version, filtered,
+            logit_noise_std: float = 0.0):
+    """Samples response token ``state.step`` for every row and writes it into the buffers
+    (with the synthetic mismatch of `samplers.jax_mismatch` when ``logit_noise_std > 0``)."""
     keys = _row_keys(args.seed, row_ids, state.step)
+    if logit_noise_std:
+        logits_BV = perturb_logits(logits_BV, keys, logit_noise_std)
     tok, logp, ent = sample_tokens(
         logits_BV, keys, args.temperature, args.top_k, args.top_p, args.min_p,
         filtered=filtered,
@@ -102,7 +107,8 @@ def _record(state: DecodeState, logits_BV, row_ids, args: SamplingArgs, version,
 
 
 def prefill(graphdef, params, prompts, lens, pad_rows, row_ids, args: SamplingArgs, version,
-            *, max_new_bucket: int, cache_dtype: Any, filtered: bool) -> DecodeState:
+            *, max_new_bucket: int, cache_dtype: Any, filtered: bool,
+            logit_noise_std: float = 0.0) -> DecodeState:
     """Runs the prompt through the model and samples response token 0.
 
     Args:
@@ -113,6 +119,7 @@ def prefill(graphdef, params, prompts, lens, pad_rows, row_ids, args: SamplingAr
       row_ids: ``[B, 2]`` int32 (prompt index, sample index) of each row, for its key.
       args: `SamplingArgs`; version: int32 scalar stored in ``token_version``.
       max_new_bucket: N; cache_dtype: dtype of the KV cache; filtered: static filter flag.
+      logit_noise_std: static; synthetic logit noise (`samplers.jax_mismatch`), 0 = off.
     Returns:
       `DecodeState` with ``step = 1``.
     """
@@ -128,13 +135,15 @@ def prefill(graphdef, params, prompts, lens, pad_rows, row_ids, args: SamplingAr
         tokens=jnp.zeros(shape, jnp.int32), logp_mu=jnp.zeros(shape, jnp.float32),
         entropy_mu=jnp.zeros(shape, jnp.float32), token_version=jnp.zeros(shape, jnp.int32),
     )
-    return _record(state, last_logits, row_ids, args, version, filtered)
+    return _record(state, last_logits, row_ids, args, version, filtered, logit_noise_std)
 
 
 def decode_chunk(graphdef, params, state: DecodeState, lens, row_ids, args: SamplingArgs,
-                 version, end_step, *, filtered: bool) -> DecodeState:
+                 version, end_step, *, filtered: bool,
+                 logit_noise_std: float = 0.0) -> DecodeState:
     """Decode steps ``state.step, ..., end_step - 1`` in a ``lax.while_loop``, stopping as
-    soon as every row is done. ``end_step`` is traced (no recompile per chunk length)."""
+    soon as every row is done. ``end_step`` is traced (no recompile per chunk length);
+    ``logit_noise_std`` is static (see `prefill`)."""
     model = nnx.merge(graphdef, params)
 
     def cond(s: DecodeState):
@@ -143,7 +152,8 @@ def decode_chunk(graphdef, params, state: DecodeState, lens, row_ids, args: Samp
     def body(s: DecodeState):
         positions = (lens + s.step - 1)[:, None]
         logits, cache = model.decode(s.last[:, None], positions, s.cache)
-        return _record(s.replace(cache=cache), logits[:, 0], row_ids, args, version, filtered)
+        return _record(s.replace(cache=cache), logits[:, 0], row_ids, args, version, filtered,
+                       logit_noise_std)
 
     return jax.lax.while_loop(cond, body, state)
 

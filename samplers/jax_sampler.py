@@ -24,6 +24,7 @@ Design (see also `samplers.jax_decode` and `samplers.jax_sampling`):
   `samplers.jax_sampling`; the filter is `entr_jax.sampling_filter`, which the learner
   applies too when given the same ``top_k``/``top_p``/``min_p``). The logits are computed in the compute ``dtype``: sampling in
   bf16 against an f32 learner is a real train/inference mismatch, recorded in ``logp_mu``.
+  ``config.logit_noise_std > 0`` adds a synthetic, seeded one (`samplers.jax_mismatch`).
   Parameters are stored cast to the compute dtype (the model casts them there anyway).
 * **Weight versions.** Every token records the version of the weights whose forward pass
   produced its distribution (``token_version``). ``weight_schedule=[(s, params, version),
@@ -76,6 +77,10 @@ class JaxSamplerConfig:
         `pause` and host synchronisation.
       dtype: compute dtype of the model and the KV cache, ``"float32"`` or ``"bfloat16"``.
       recompute_kv_on_swap: rebuild the KV cache under the new weights after a swap.
+      logit_noise_std: standard deviation (logit units, >= 0) of a **synthetic**, seeded
+        train/inference mismatch: Gaussian noise added to the sampler's logits, drawn per
+        token from its sampling key (`samplers.jax_mismatch`); ``logp_mu``/``entropy_mu``
+        describe the perturbed distribution that sampled. 0 (default) = off.
     """
 
     max_batch_size: int = 64
@@ -84,6 +89,7 @@ class JaxSamplerConfig:
     steps_per_call: int = 8
     dtype: Literal["float32", "bfloat16"] = "float32"
     recompute_kv_on_swap: bool = True
+    logit_noise_std: float = 0.0
 
     def __post_init__(self):
         for name in ("max_batch_size", "min_prompt_bucket", "max_prompt_len", "steps_per_call"):
@@ -92,6 +98,9 @@ class JaxSamplerConfig:
                 raise ValueError(f"JaxSamplerConfig.{name} must be an int >= 1, got {value!r}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"JaxSamplerConfig.dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        if not (isinstance(self.logit_noise_std, (int, float)) and self.logit_noise_std >= 0):
+            raise ValueError("JaxSamplerConfig.logit_noise_std must be a number >= 0, got "
+                             f"{self.logit_noise_std!r}")
 
 
 class JaxSampler:
@@ -137,10 +146,14 @@ class JaxSampler:
                 return fn(gd, *args, **kwargs)
             return functools.wraps(fn)(wrapped)
 
-        self._prefill = jax.jit(counted("prefill", jax_decode.prefill),
-                                static_argnames=("max_new_bucket", "cache_dtype", "filtered"))
-        self._decode_chunk = jax.jit(counted("decode_chunk", jax_decode.decode_chunk),
-                                     static_argnames=("filtered",), donate_argnums=(1,))
+        noise = float(config.logit_noise_std)  # static: closed over by both jitted steps
+        self._prefill = jax.jit(
+            counted("prefill", functools.partial(jax_decode.prefill, logit_noise_std=noise)),
+            static_argnames=("max_new_bucket", "cache_dtype", "filtered"))
+        self._decode_chunk = jax.jit(
+            counted("decode_chunk", functools.partial(jax_decode.decode_chunk,
+                                                      logit_noise_std=noise)),
+            static_argnames=("filtered",), donate_argnums=(1,))
         self._recompute = jax.jit(counted("recompute_cache", jax_decode.recompute_cache),
                                   donate_argnums=(1,))
         self.stats = self._zero_stats()

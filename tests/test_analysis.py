@@ -331,3 +331,20 @@ def test_sweep_specs_expand_to_valid_configs():
     assert len(sync) == 1 and sync[0].staleness.inter_lag == QUICKSTART.staleness.inter_lag
     assert all(c.staleness.inter_lag == 5 for c in got["cpu_methods"] if c.staleness.mode == "simulated")
     assert {c.objective.name for c in got["cpu_methods"]} == set(OBJECTIVES) - {"estr"}
+
+
+# --------------------------------------------------------------------------- across seeds
+def test_mean_ci_and_paired_gap_hand_computed():
+    # [1, 2, 3]: mean 2, s = 1, t(0.975, 2) = 4.302653 -> half width 4.302653 / sqrt(3)
+    m, half, n = A.mean_ci([1.0, 2.0, 3.0, float("nan")])
+    assert (m, n) == (2.0, 3) and half == pytest.approx(2.484138, abs=1e-6)
+    assert A.mean_ci([0.5])[0] == 0.5 and math.isnan(A.mean_ci([0.5])[1])
+    rows = [{"method": "grpo", "seed": s, "v": v} for s, v in ((0, 0.5), (1, 0.7), (2, 0.6))]
+    rows += [{"method": "grpo sync", "seed": s, "v": v} for s, v in ((0, 0.6), (1, 0.9), (2, 0.9), (3, 1.0))]
+    gap, half, n = A.paired_gap(rows, "grpo", "grpo sync", "v")  # diffs -0.1, -0.2, -0.3 (seed 3 unpaired)
+    assert n == 3 and gap == pytest.approx(-0.2) and half == pytest.approx(0.248414, abs=1e-6)
+    assert not A.excludes_zero(gap, half) and A.excludes_zero(-0.3, 0.2)
+    table = A.method_table(rows, "v")
+    assert table["grpo sync"][0] == pytest.approx(0.85) and table["grpo sync"][2] == 4
+    with pytest.raises(ValueError, match="seed 0 twice"):
+        A.paired_gap(rows + rows[:1], "grpo", "grpo sync", "v")

@@ -47,12 +47,13 @@ def test_every_notebook_is_listed_and_stored_without_outputs():
                 assert cell.outputs == [] and cell.execution_count is None, name
 
 
-@pytest.mark.parametrize("name", sorted(FIGURES))
-def test_notebook_executes_and_saves_figures(name, tmp_path, monkeypatch, kernel_env):
+def _execute(name, runs, tmp_path, monkeypatch, kernel_env):
+    """Execute notebook ``name`` on the run directories ``runs`` (relative to the repo
+    root); returns (the executed notebook, its figures directory)."""
     for key, value in kernel_env.items():
         monkeypatch.setenv(key, value)
     figures = tmp_path / "figures"
-    monkeypatch.setenv("ENTR_RUNS", "tests/data/runs")  # relative: from the repo root
+    monkeypatch.setenv("ENTR_RUNS", runs)  # relative: from the repo root
     monkeypatch.setenv("ENTR_FIGURES", str(figures))
     monkeypatch.setenv("MPLBACKEND", "Agg")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
@@ -60,9 +61,29 @@ def test_notebook_executes_and_saves_figures(name, tmp_path, monkeypatch, kernel
     client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=120,
                                      resources={"metadata": {"path": str(tmp_path)}})
     client.execute()  # raises CellExecutionError naming the failing cell
+    return nb, figures
+
+
+@pytest.mark.parametrize("name", sorted(FIGURES))
+def test_notebook_executes_and_saves_figures(name, tmp_path, monkeypatch, kernel_env):
+    nb, figures = _execute(name, "tests/data/runs", tmp_path, monkeypatch, kernel_env)
     produced = sorted(p.name for p in figures.glob("*.png"))
     assert produced == sorted(f"{f}.png" for f in FIGURES[name])
     for f in figures.glob("*.png"):
         assert f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f.stat().st_size > 5000
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "runs under" in text
+
+
+def test_method_comparison_on_the_stress_slice(tmp_path, monkeypatch, kernel_env):
+    """The stress regime's CI slice (tests/data/stress_runs: a comparison sweep of two
+    methods): the notebook prints the protocol report (each method's differences from the
+    shared base, none undeclared) and the per-method intervals."""
+    nb, figures = _execute("method_comparison", "tests/data/stress_runs", tmp_path,
+                           monkeypatch, kernel_env)
+    assert (figures / "method_comparison.png").stat().st_size > 5000
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "Differences from the comparison base" in text and "UNDECLARED" not in text
+    assert "- entr:\n    objective.denominator = 'all_tokens' (base 'n/a')" in text
+    assert "- grpo_async:\n    objective.kl_coef = 0.0 (base 'n/a')" in text
+    assert "final_reward\n" in text and "(n = 1)" in text

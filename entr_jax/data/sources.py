@@ -242,6 +242,13 @@ def reasoning_gym_source(
     ]
 
 
+def _chain_sum(**kwargs: Any) -> list[Example]:
+    """`entr_jax.data.chains.chain_sum_source` (imported lazily: it builds on this module)."""
+    from entr_jax.data.chains import chain_sum_source
+
+    return chain_sum_source(**kwargs)
+
+
 SOURCES: dict[str, Callable[..., list[Example]]] = {
     "gsm8k": load_gsm8k,
     "math500": load_math500,
@@ -249,6 +256,7 @@ SOURCES: dict[str, Callable[..., list[Example]]] = {
     "amc23": load_amc23,
     "gsm8k_arithmetic": gsm8k_arithmetic,
     "reasoning_gym": reasoning_gym_source,
+    "chain_sum": _chain_sum,
 }
 
 

@@ -3,6 +3,9 @@
 * `experiments.analysis.runs`: loading (`load_run`, `load_runs`), curves against step and
   wall-clock (`curve`, `wall_clock`, `eval_points`), sweep tables (`sweep_rows`,
   `staleness_axis`, `final_reward`, `measured_staleness`), figure output (`save_figure`).
+* `experiments.analysis.stats`: across-seed means with 95% t intervals per method
+  (`mean_ci`, `method_table`) and paired gaps between two methods (`paired_gap`,
+  `excludes_zero`).
 * `experiments.analysis.tokens`: the ratio-vs-entropy analysis of ESTR (arXiv 2607.22186,
   section 3.1) on stored token samples (`load_tokens`, `bin_by_entropy`, `wls_fit`,
   `fit_bins`, `bootstrap_slope`, `off_mode_outliers`) and where the gates cut
@@ -16,6 +19,7 @@ from experiments.analysis.runs import (
     measured_staleness, moving_average, runs_root, save_figure, staleness_axis, sweep_rows,
     wall_clock,
 )
+from experiments.analysis.stats import excludes_zero, mean_ci, method_table, paired_gap
 from experiments.analysis.tokens import (
     LOW_ENTROPY_NATS, Fit, Tokens, bin_by_entropy, bootstrap_slope, concat_tokens,
     cut_fraction_by_bin, entr_band, fit_bins, gate_decisions, gate_params, icepop_band, kpop_band,
@@ -26,6 +30,7 @@ __all__ = [
     "FIGURES_ENV", "RUNS_ENV", "Run", "by_method", "curve", "eval_points", "final_reward",
     "load_run", "load_runs", "measured_staleness", "moving_average", "runs_root", "save_figure",
     "staleness_axis", "sweep_rows", "wall_clock",
+    "excludes_zero", "mean_ci", "method_table", "paired_gap",
     "LOW_ENTROPY_NATS", "Fit", "Tokens", "bin_by_entropy", "bootstrap_slope", "concat_tokens",
     "cut_fraction_by_bin", "entr_band", "fit_bins", "gate_decisions", "gate_params",
     "icepop_band", "kpop_band", "load_tokens", "metric_buckets", "off_mode_outliers",

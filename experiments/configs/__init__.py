@@ -36,6 +36,32 @@ QUICKSTART = RunConfig(
     checkpoint=CheckpointSpec(every=50, keep=2),
 )
 
+# The stress testbed (issue 12): long worked-step responses (76-92 tokens, at least 64 by
+# construction) so that in-flight weight switches happen inside every response; Fig. 9's
+# staleness axes are reachable (inter lag up to 30 through the delay line, intra switches
+# up to 9 with a ring of 10 versions and switch steps drawn from [1, 47], below the
+# shortest response). The synthetic sampler mismatch is off by default
+# (--sampler.logit_noise_std; docs/stress.md).
+STRESS = RunConfig(
+    name="stress",
+    seed=0,
+    rl_steps=60,
+    token_samples_every=10,
+    task=TaskSpec(name="chain_sum", template="plain", prompts_per_step=8,
+                  samples_per_prompt=8, max_new_tokens=100, max_total_tokens=128,
+                  eval_examples=128, eval_samples=4, chain_terms_min=9, chain_terms_max=9,
+                  chain_digits_min=1, chain_digits_max=1, chain_train_size=20000,
+                  chain_style="reduce", chain_min_solution_chars=67),
+    sampling=SamplingSpec(temperature=1.0),
+    advantages=AdvantageConfig(estimator="grpo"),
+    objective=ObjectiveSpec(name="entr"),
+    optim=OptimizerConfig(learning_rate=1e-4, warmup_steps=0, max_grad_norm=1.0),
+    sft=SFTSpec(steps=1500, batch_size=16, learning_rate=1e-3, warmup_steps=20),
+    staleness=StalenessConfig(mode="simulated", inter_lag=4, intra_switches=3,
+                              switch_window=48, ring_size=10),
+    checkpoint=CheckpointSpec(every=0, keep=2),
+)
+
 # The paper's setups at real model sizes (ESTR, arXiv 2607.22186, section 6): a local HF
 # checkpoint given with --model.path (Qwen2.5-7B-Instruct, Qwen3-*), learner in bf16 with
 # FSDP over every device, rollouts from an SGLang fleet (docs/sglang.md), real async mode.
@@ -79,6 +105,13 @@ PRESETS: dict[str, tuple[str, RunConfig]] = {
         "solutions (expressions of at most 4 characters); eval on held-out expressions "
         "before and after RL.",
         QUICKSTART,
+    ),
+    "stress": (
+        "Tiny model on CPU, the stress testbed: chains of 9 one-digit terms reduced one "
+        "operation per line (76-92 response tokens), SFT warm start, then ENTR under "
+        "simulated staleness (inter lag 4, 3 in-flight switches inside every response). "
+        "Reuse one warm start: --model.path RUN/sft_model --sft.steps 0.",
+        STRESS,
     ),
     "gsm8k_tools": (
         "Multi-turn GSM8K with a calculator tool at real model size (e.g. Qwen2.5-7B): "
