@@ -238,7 +238,11 @@ class SamplingSpec:
 
     def __post_init__(self):
         _require(self.temperature > 0, "sampling.temperature", self.temperature, "> 0")
-        check_filter(self.top_k, self.top_p, self.min_p, prefix="sampling.")
+        _require(0 < self.top_p <= 1, "sampling.top_p", self.top_p, "in (0, 1]")
+        _require(self.top_k == -1 or self.top_k >= 1, "sampling.top_k", self.top_k,
+                 "-1 (disabled) or >= 1")
+        _require(0 <= self.min_p < 1, "sampling.min_p", self.min_p, "in [0, 1)")
+        check_filter(self.top_k, self.top_p, self.min_p, prefix="sampling.")  # types too
 
 
 # the registry's names as a Literal, so ``--help`` lists them and tyro refuses others

@@ -113,7 +113,8 @@ def test_corrupt_newest_falls_back_and_keep_last_n(learner):
     # one line with the path; the orbax error in full goes to the log
     (w,) = caught
     text = str(w.message)
-    assert "\n" not in text and len(text) < 600
+    # the error's first line is cut at 400 characters; the rest is two paths
+    assert "\n" not in text and len(text) < 500 + 2 * len(str(root / "ckpt_restore.log"))
     assert text.startswith(f"checkpoint step 7 at {root / 'ckpt' / '7'} cannot be restored (")
     assert text.endswith(f"); falling back to step 6 (details: {root / 'ckpt_restore.log'})")
     assert "Traceback (most recent call last)" in (root / "ckpt_restore.log").read_text()

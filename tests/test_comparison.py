@@ -68,12 +68,17 @@ def test_stress_methods_spec_declares_exactly_these_differences(tmp_path):
     checks = {c.method: c for c in comparison.verify(spec, sweep.expand(spec, tmp_path))}
     assert sorted(checks) == sorted(["entr", "icepop", "kpop", "tis", "m2po", "decoupled_ppo",
                                      "gspo", "cispo", "grpo_sync", "grpo_async"])
-    assert set(checks["grpo_async"].diff) == {"objective.name", "objective.kl_coef"}
+    # ratio_mode (IcePop/KPop/TIS) is in the base: methods without it show it as n/a
+    assert set(checks["grpo_async"].diff) == {"objective.name", "objective.kl_coef",
+                                              "objective.ratio_mode"}
+    assert checks["grpo_async"].diff["objective.ratio_mode"] == (comparison.MISSING, "bypass")
+    assert "objective.ratio_mode" not in checks["icepop"].diff
     assert set(checks["grpo_sync"].diff) == {"objective.name", "objective.kl_coef",
-                                             "staleness.mode"}
+                                             "objective.ratio_mode", "staleness.mode"}
     assert checks["grpo_sync"].diff["staleness.mode"] == ("sync", "simulated")
     assert set(checks["entr"].diff) == {"objective.name", "objective.tau", "objective.eps",
-                                        "objective.entropy_source", "objective.denominator"}
+                                        "objective.entropy_source", "objective.denominator",
+                                        "objective.ratio_mode"}
     assert checks["m2po"].diff["objective.clip_high"] == (comparison.MISSING, 0.28)
     assert checks["gspo"].diff["objective.clip_low"] == (3e-4, 0.2)
 

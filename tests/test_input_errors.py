@@ -105,7 +105,7 @@ def test_unknown_preset(capsys):
     code, err = call(["quickstrat"], capsys)
     assert code == 2
     assert err == ("entr-run: error: the first argument must be a preset (gsm8k_tools, math, "
-                   "quickstart), got 'quickstrat'")
+                   "quickstart, stress), got 'quickstrat'")
 
 
 # Refusals when the job is built (devices, files), still before any work.

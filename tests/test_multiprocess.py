@@ -311,20 +311,26 @@ def test_union_of_trajectory_stats_gives_the_whole_batch_metrics():
     from entr_jax.types import Trajectory
     from experiments import rollouts as ro
 
-    def traj(reward, n, version, truncated=False):
+    def traj(reward, n, version, group, truncated=False):
         return Trajectory(prompt_ids=np.array([1], np.int32),
                           response_ids=np.arange(n, dtype=np.int32),
                           logp_mu=np.zeros(n, np.float32), entropy_mu=np.zeros(n, np.float32),
                           token_version=np.full(n, version, np.int32),
-                          loss_mask=np.ones(n, bool), reward=reward,
+                          loss_mask=np.ones(n, bool), reward=reward, group_id=group,
                           info={"truncated": truncated})
 
-    trajs = [traj(1.0, 3, 2), traj(0.0, 5, 1, True), traj(0.5, 2, 2), traj(0.0, 4, 0)]
-    whole = ro.rollout_metrics(ro.RolloutBatch(7, 2, trajs), version=3)
-    halves = [ro.trajectory_stats(trajs[:2], 3), ro.trajectory_stats(trajs[2:], 3)]
+    # two prompts of two samples; process 0 holds one sample of each, process 1 the others
+    trajs = [traj(1.0, 3, 2, 0), traj(0.0, 5, 1, 1, True), traj(0.5, 2, 2, 0), traj(0.0, 4, 0, 1)]
+    whole = ro.rollout_metrics(ro.RolloutBatch(7, 2, trajs, first_version=0,
+                                               entropy_estimated_tokens=5), version=3)
+    halves = [ro.trajectory_stats(trajs[:2], 3, 2), ro.trajectory_stats(trajs[2:], 3, 3)]
     union = {k: halves[0][k] + halves[1][k] for k in halves[0]}
-    assert ro.metrics_from_stats(7, 2, union) == whole
+    assert ro.metrics_from_stats(7, 2, union, 3, first_version=0) == whole
     assert whole["reward/mean"] == 0.375 and whole["response/length_max"] == 5
+    assert whole["reward/zero_variance_group_frac"] == 0.5  # group 1: rewards 0 and 0
+    assert whole["sampler/entropy_estimated_tokens"] == 5
+    assert whole["sampler/entropy_estimated_frac"] == 5 / 14
+    assert whole["staleness/intra_planned"] == 2 and whole["staleness/inter_planned"] == 1
     assert whole["staleness/inter_hist"] == [0, 2, 1, 1]  # inter = 3 - last version
 
 
