@@ -128,7 +128,8 @@ class Job:
             weights = nnx.split(loaded, nnx.Param, ...)[1]
         return module_fn, weights
 
-    def _learner_config(self, optimizer: OptimizerConfig, pad_id: int) -> LearnerConfig:
+    def _learner_config(self, optimizer: OptimizerConfig, pad_id: int,
+                        max_length: int | None = None) -> LearnerConfig:
         lc = self.cfg.learner
         return LearnerConfig(
             mesh=lc.mesh,
@@ -142,6 +143,7 @@ class Job:
             top_p=self.cfg.sampling.top_p,
             min_p=self.cfg.sampling.min_p,
             pad_id=pad_id,
+            max_length=max_length,
             max_consecutive_nonfinite=lc.max_bad_steps,
             seed=self.cfg.seed,
         )
@@ -216,8 +218,12 @@ class Job:
             raise ValueError(f"sft.steps > 0 but task {self.cfg.task.name!r} has no demonstrations")
         opt = OptimizerConfig(learning_rate=sft.learning_rate, warmup_steps=sft.warmup_steps,
                               weight_decay=0.0, max_grad_norm=1.0)
-        learner = Learner(module_fn, self._learner_config(opt, self.tokenizer.pad_token_id))
         trajs = [demo_trajectory(d, self.tokenizer) for d in demos]
+        # every demonstration is known: batches are padded to at most the longest one, not
+        # to the next power of two (the quickstart's: 11 tokens, not 16)
+        longest = max(len(t.prompt_ids) + len(t.response_ids) for t in trajs)
+        learner = Learner(module_fn, self._learner_config(opt, self.tokenizer.pad_token_id,
+                                                          max_length=longest))
         rng = np.random.default_rng([self.cfg.seed, 3])
         order = np.concatenate([rng.permutation(len(trajs))
                                 for _ in range(sft.steps * sft.batch_size // len(trajs) + 1)])
@@ -317,6 +323,7 @@ class Job:
         return JaxSampler(
             mp.local_model(self.learner.state), version=0,
             config=JaxSamplerConfig(max_batch_size=min(cfg.sampler.max_batch_size, rows),
+                                    min_prompt_bucket=cfg.sampler.min_prompt_bucket,
                                     dtype=cfg.model.sampler_dtype,
                                     logit_noise_std=cfg.sampler.logit_noise_std),
         )
