@@ -86,7 +86,8 @@ class TaskSpec:
     """What the policy is trained and evaluated on (data files: `DataSpec`).
 
     Attributes:
-      name: ``arithmetic`` (the calculator annotations of GSM8K's training solutions),
+      name: ``arithmetic`` (the calculator annotations of GSM8K's training solutions,
+        integer answers scored exactly, `entr_jax.tasks.exact.ExactNumberScorer`),
         ``chain_sum`` (chains of ``+``/``-`` answered with one worked step per line,
         long responses for the stress regime; `entr_jax.data.chains`),
         ``gsm8k`` (single turn), ``gsm8k_calculator`` (multi-turn with a calculator tool),

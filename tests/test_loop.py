@@ -116,7 +116,8 @@ def check_time_split(summary):
     counts = summary["time/counts"]
     assert counts["eval_episodes"] == 2 * 2 * 2 and counts["rl_episodes"] == 4 * 2 * 3
     assert "sft_steps" not in counts
-    assert counts["verifier_checks"] == 8 + 24  # every episode's answer is checked once
+    # the arithmetic task scores exactly: no answer reaches the math verifier
+    assert counts["verifier_checks"] == counts["verifier_math_verify"] == 0
     assert counts["compilations"] == sum(summary["time/compilations_by_function"].values()) > 0
 
 
