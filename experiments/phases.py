@@ -36,6 +36,7 @@ COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
                   "/jax/core/compile/jaxpr_to_mlir_module_duration",
                   "/jax/core/compile/backend_compile_duration")
 _BACKEND_COMPILE = COMPILE_EVENTS[2]
+_CACHE_HIT = "/jax/compilation_cache/cache_hits"  # a persistent-cache hit (jax._src.compiler)
 PHASES = ("sft", "eval", "rl")
 
 
@@ -75,17 +76,24 @@ class PhaseClock:
             if event == _BACKEND_COMPILE:
                 self.compiled[str(kwargs.get("fun_name", "?"))] += 1
 
+    def _on_event(self, event: str, **kwargs) -> None:
+        if event == _CACHE_HIT:
+            with self._lock:
+                self.counts["compile_cache_hits"] += 1
+
     def start(self) -> None:
         """Start the clock (wall and CPU) and listen to JAX's compile events."""
         self._t0, self._cpu0 = time.time(), time.process_time()
         if not self._listening:
             monitoring.register_event_time_span_listener(self._on_span)
+            monitoring.register_event_listener(self._on_event)
             self._listening = True
 
     def stop(self) -> None:
         """Stop listening (idempotent)."""
         if self._listening:
             monitoring.unregister_event_time_span_listener(self._on_span)
+            monitoring.unregister_event_listener(self._on_event)
             self._listening = False
 
     # ------------------------------------------------------------------ recording

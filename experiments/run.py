@@ -165,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         from learners.distributed import initialize
 
         initialize()  # multi-host: reads ENTR_* variables; a no-op for one process
+        from experiments.compile_cache import enable
+
+        enable()  # persistent compilation cache in the user cache (ENTR_JAX_CACHE=0: off)
         from experiments.loop import Job
 
         job = Job(cfg, resume=opts.resume, resume_override=opts.resume_override)

@@ -98,3 +98,48 @@ def test_unknown_phase_is_refused():
     with pytest.raises(ValueError, match="unknown phase 'train'"):
         with PhaseClock().phase("train"):
             pass
+
+
+def test_compile_cache_folder_choice(tmp_path):
+    from experiments.compile_cache import enable
+
+    before = jax.config.jax_compilation_cache_dir
+    assert before is None or before == ""  # conftest: ENTR_JAX_CACHE=0, nothing configured
+    try:
+        assert enable({"ENTR_JAX_CACHE": "off"}) is None
+        assert not jax.config.jax_compilation_cache_dir
+        assert enable({"ENTR_JAX_CACHE": str(tmp_path)}) == str(tmp_path)
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path)
+        # a folder already configured (e.g. JAX_COMPILATION_CACHE_DIR) is kept
+        assert enable({"ENTR_JAX_CACHE": str(tmp_path / "other")}) == str(tmp_path)
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+
+
+_CACHED_RUN = """
+import jax, jax.numpy as jnp
+from experiments.compile_cache import enable
+from experiments.phases import PhaseClock
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+enable()
+clock = PhaseClock()
+clock.start()
+jax.jit(lambda x: jnp.tanh(x) @ x.T)(jnp.ones((5, 5))).block_until_ready()
+clock.stop()
+print(clock.split()["counts"].get("compile_cache_hits", 0))
+"""
+
+
+def test_a_second_process_hits_the_compile_cache(tmp_path):
+    """Two processes with the same cache folder: the second loads the executable the first
+    compiled, and its clock counts the hit."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, ENTR_JAX_CACHE=str(tmp_path / "cache"))
+    hits = [int(subprocess.run([sys.executable, "-c", _CACHED_RUN], env=env, check=True,
+                               capture_output=True, text=True).stdout.split()[-1])
+            for _ in range(2)]
+    assert hits[0] == 0 and hits[1] >= 1
+    assert any((tmp_path / "cache").iterdir())
