@@ -412,6 +412,8 @@ class Job:
             version = self.learner.version
             sample_s, sampled = 0.0, 0
             for m in self.line.due(n):
+                if m >= cfg.rl_steps:  # the last steps' lookahead: no step would read it
+                    continue
                 made = self.generate(m)
                 self.line.put(m, made)
                 sample_s += made.sample_s

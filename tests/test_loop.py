@@ -583,3 +583,34 @@ def test_dr_grpo_l_norm_defaults_to_the_generation_budget():
     assert build_objective(cfg).config.l_norm == 50.0
     with pytest.raises(ValueError, match="learner.minibatches"):
         dataclasses.replace(q, learner=dataclasses.replace(q.learner, minibatches=16 * 8 + 1))
+
+
+def test_sft_batches_are_padded_to_the_longest_demonstration(small_model_dir, tmp_path,
+                                                             monkeypatch):
+    """The warm start pads every batch to the longest demonstration (not to the next power
+    of two): one shape, fewer tokens."""
+    import learners.learner as learner_module
+    from experiments.tasks import demo_trajectory
+
+    cfg = small_config(small_model_dir, tmp_path / "sft",
+                       sft=dataclasses.replace(QUICKSTART.sft, steps=3, batch_size=4))
+    job = Job(cfg, show_progress=False)
+    job.prepare_task()
+    job.run.start(cfg.to_json())
+    job.setup()
+    lengths = []
+    make_batch = learner_module.make_batch
+
+    def recording(*args, **kwargs):
+        batch, stats = make_batch(*args, **kwargs)
+        lengths.append(stats["batch/length"])
+        return batch, stats
+
+    monkeypatch.setattr(learner_module, "make_batch", recording)
+    job.clock.start()
+    job.warm_start(job.module_fn)
+    job.clock.stop()
+    seqs = [demo_trajectory(d, job.tokenizer) for d in job.task.demos]
+    longest = max(len(t.prompt_ids) + len(t.response_ids) for t in seqs)
+    assert longest < 16 and lengths == [longest] * 3
+    assert job.clock.split()["counts"] == {"sft_steps": 3}
