@@ -105,6 +105,7 @@ def run_async(job: Any, book: dict[str, Any]) -> None:
             wait_start = time.perf_counter()
             batch = out.get()
             wait_s = time.perf_counter() - wait_start
+            job.clock.add("rl/wait_s", wait_s)  # sampling overlaps learning here
             if batch is _STOP:
                 raise RuntimeError("the sampler thread stopped early") from producer.error
             assert batch.batch_id == n, (batch.batch_id, n)

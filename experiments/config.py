@@ -86,7 +86,8 @@ class TaskSpec:
     """What the policy is trained and evaluated on (data files: `DataSpec`).
 
     Attributes:
-      name: ``arithmetic`` (the calculator annotations of GSM8K's training solutions),
+      name: ``arithmetic`` (the calculator annotations of GSM8K's training solutions,
+        integer answers scored exactly, `entr_jax.tasks.exact.ExactNumberScorer`),
         ``chain_sum`` (chains of ``+``/``-`` answered with one worked step per line,
         long responses for the stress regime; `entr_jax.data.chains`),
         ``gsm8k`` (single turn), ``gsm8k_calculator`` (multi-turn with a calculator tool),
@@ -183,6 +184,10 @@ class SamplerSpec:
       api_key: sent as a bearer token when non-empty.
       export_dir: where weight exports go (empty: ``<run_dir>/exports``).
       max_batch_size: rows per device batch of the embedded sampler.
+      min_prompt_bucket: ``jax`` only: the smallest prompt bucket of the embedded sampler
+        (tokens, >= 1; `samplers.jax_sampler.JaxSamplerConfig`): prompts are padded to a
+        power of two at least this large. 8 fits short prompts (the quickstart's are at
+        most 6 tokens) without padding them to 16: half the prefill and a smaller KV cache.
       logit_noise_std: ``jax`` only: a SYNTHETIC train/inference mismatch (the stress
         testbed's stand-in for an engine's numerics at a scale where bf16 alone shows
         little; `samplers.jax_mismatch`): Gaussian noise of this standard deviation (logit
@@ -197,6 +202,7 @@ class SamplerSpec:
     api_key: str = ""
     export_dir: str = ""
     max_batch_size: int = 256
+    min_prompt_bucket: int = 8
     logit_noise_std: float = 0.0
 
     def __post_init__(self):
@@ -208,6 +214,8 @@ class SamplerSpec:
             ("http://", "https://"))), "sampler.router_url", self.router_url,
             "empty, or an http(s):// URL with sampler.kind 'sglang'")
         _require(self.max_batch_size >= 1, "sampler.max_batch_size", self.max_batch_size, ">= 1")
+        _require(self.min_prompt_bucket >= 1, "sampler.min_prompt_bucket",
+                 self.min_prompt_bucket, ">= 1")
         _require(self.logit_noise_std >= 0, "sampler.logit_noise_std", self.logit_noise_std,
                  ">= 0")
         _require(self.kind == "jax" or self.logit_noise_std == 0, "sampler.logit_noise_std",

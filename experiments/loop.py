@@ -62,6 +62,7 @@ from experiments import state_io
 from experiments.config import RunConfig
 from experiments.errors import RunError
 from experiments.objective import build_objective
+from experiments.phases import PhaseClock
 from experiments.rundir import RunDir
 from experiments.tasks import TaskBundle, build_task, demo_trajectory
 from learners.checkpoint import CheckpointManager
@@ -98,6 +99,8 @@ class Job:
         self.run = RunDir(run_dir)
         self.resume = resume
         self.show_progress = show_progress
+        self.clock = PhaseClock()  # wall/CPU time per phase, compilation apart
+        self.startup_s: float | None = None  # set by the command line (experiments.run)
         if not resume and ((self.run / "metrics.jsonl").exists() or self.run.has_checkpoint()
                            or self.run.is_finished()):
             raise RunExistsError(
@@ -125,7 +128,8 @@ class Job:
             weights = nnx.split(loaded, nnx.Param, ...)[1]
         return module_fn, weights
 
-    def _learner_config(self, optimizer: OptimizerConfig, pad_id: int) -> LearnerConfig:
+    def _learner_config(self, optimizer: OptimizerConfig, pad_id: int,
+                        max_length: int | None = None) -> LearnerConfig:
         lc = self.cfg.learner
         return LearnerConfig(
             mesh=lc.mesh,
@@ -139,6 +143,7 @@ class Job:
             top_p=self.cfg.sampling.top_p,
             min_p=self.cfg.sampling.min_p,
             pad_id=pad_id,
+            max_length=max_length,
             max_consecutive_nonfinite=lc.max_bad_steps,
             seed=self.cfg.seed,
         )
@@ -162,6 +167,10 @@ class Job:
         """avg@k / pass@k (sampled, k = ``task.eval_samples``) and greedy accuracy on every
         evaluation set; written to ``eval/<phase>.json``. With several processes each
         evaluates its share of the examples (`experiments.multiprocess`)."""
+        with self.clock.phase("eval"):
+            return self._evaluate(phase, weights, version)
+
+    def _evaluate(self, phase: str, weights: Any, version: int) -> dict[str, Any]:
         self.sampler.update_weights(weights, version)
         k = self.cfg.task.eval_samples
         if self.show_progress:
@@ -179,6 +188,7 @@ class Job:
                 mine = examples[lo:hi]
                 greedy = self._episodes(self.sampler, mine, self._sampling(0, 1, lo, **argmax), 1)
                 sampled = self._episodes(self.sampler, mine, self._sampling(0, 2, lo), k)
+                self.clock.count("eval_episodes", len(greedy) + len(sampled))
             greedy, flags = mp.concat([ro.is_correct(t) for t in greedy],
                                       [ro.is_correct(t) for t in sampled])
             per_example = [flags[i * k:(i + 1) * k] for i in range(len(examples))]
@@ -199,13 +209,21 @@ class Job:
 
     def warm_start(self, module_fn) -> Any:
         """Supervised warm start on the task's demonstrations; returns the params."""
+        with self.clock.phase("sft"):
+            return self._warm_start(module_fn)
+
+    def _warm_start(self, module_fn) -> Any:
         sft, demos = self.cfg.sft, self.task.demos
         if not demos:
             raise ValueError(f"sft.steps > 0 but task {self.cfg.task.name!r} has no demonstrations")
         opt = OptimizerConfig(learning_rate=sft.learning_rate, warmup_steps=sft.warmup_steps,
                               weight_decay=0.0, max_grad_norm=1.0)
-        learner = Learner(module_fn, self._learner_config(opt, self.tokenizer.pad_token_id))
         trajs = [demo_trajectory(d, self.tokenizer) for d in demos]
+        # every demonstration is known: batches are padded to at most the longest one, not
+        # to the next power of two (the quickstart's: 11 tokens, not 16)
+        longest = max(len(t.prompt_ids) + len(t.response_ids) for t in trajs)
+        learner = Learner(module_fn, self._learner_config(opt, self.tokenizer.pad_token_id,
+                                                          max_length=longest))
         rng = np.random.default_rng([self.cfg.seed, 3])
         order = np.concatenate([rng.permutation(len(trajs))
                                 for _ in range(sft.steps * sft.batch_size // len(trajs) + 1)])
@@ -215,6 +233,7 @@ class Job:
         for step in bar:
             idx = order[step * sft.batch_size:(step + 1) * sft.batch_size]
             m = learner.sft_on([trajs[i] for i in self.share.take(idx, "sft.batch_size")])
+            self.clock.count("sft_steps")
             if m is not None:
                 records.append({"step": step - 1, "loss": m["loss"]})
                 bar.set_postfix(loss=f"{m['loss']:.3f}")
@@ -304,6 +323,7 @@ class Job:
         return JaxSampler(
             mp.local_model(self.learner.state), version=0,
             config=JaxSamplerConfig(max_batch_size=min(cfg.sampler.max_batch_size, rows),
+                                    min_prompt_bucket=cfg.sampler.min_prompt_bucket,
                                     dtype=cfg.model.sampler_dtype,
                                     logit_noise_std=cfg.sampler.logit_noise_std),
         )
@@ -312,10 +332,12 @@ class Job:
         """Generate the rollout batch ``batch_id`` with the newest weights in the ring (and
         the intra-trajectory switches the staleness plan gives it)."""
         versions, steps = ro.intra_versions(self.cfg.staleness, batch_id, self.ring)
-        return ro.generate_batch(
+        batch = ro.generate_batch(
             self.sampler, self._episodes, batch_id, self.local_prompts(), versions, steps,
             self.ring, self._sampling(batch_id, offset=self.prompt_offset),
             self.cfg.task.samples_per_prompt, self.group_offset(batch_id))
+        self.clock.count("rl_episodes", len(batch.trajectories))
+        return batch
 
     def local_prompts(self) -> list[dict]:
         """This process's share of the next global prompt batch."""
@@ -345,14 +367,17 @@ class Job:
         n = record["step"]
         every = self.cfg.token_samples_every
         if every and n % every == 0:  # every process's rows, written by process 0
+            start = time.perf_counter()
             arrays = mp.gather_rows(self.learner.token_logprobs(batch.trajectories))
             if self.run.writer:
                 (self.run / "token_samples").mkdir(exist_ok=True)
                 np.savez_compressed(self.run / "token_samples" / f"step_{n}.npz", **arrays)
+            self.clock.add("rl/token_samples_s", time.perf_counter() - start)
         start = time.perf_counter()
         previous = self.learner.train_on(batch.trajectories, self.advantages(batch))
         version = self.learner.version  # waits for the step: the sampler needs its weights
         learn_s = time.perf_counter() - start
+        self.clock.add("rl/learn_s", learn_s)
         tokens = sum(int(np.sum(t.loss_mask)) for t in batch.trajectories)
         record.update({"time/learn_s": learn_s,
                        "throughput/trained_tokens_per_s": tokens / max(learn_s, 1e-9)})
@@ -387,11 +412,14 @@ class Job:
             version = self.learner.version
             sample_s, sampled = 0.0, 0
             for m in self.line.due(n):
+                if m >= cfg.rl_steps:  # the last steps' lookahead: no step would read it
+                    continue
                 made = self.generate(m)
                 self.line.put(m, made)
                 sample_s += made.sample_s
                 sampled += sum(int(np.sum(t.loss_mask)) for t in made.trajectories)
             batch = self.line.pop(n)
+            self.clock.add("rl/sample_s", sample_s)
             record = {"step": n, "version": version,
                       **mp.global_rollout_metrics(batch, version),
                       "time/sample_s": sample_s, "time/wait_s": 0.0,
@@ -418,10 +446,12 @@ class Job:
         """Save everything needed to continue at ``next_step`` (metrics flushed first).
 
         ``pending``: generated, not yet consumed batches (default: the delay line's)."""
+        start = time.perf_counter()
         self.flush()
         book["start_step"] = next_step
         book["elapsed_s"] = self.elapsed_s()
         book["rl_wall_s"] = self.rl_wall_s()
+        book["phases"] = self.clock.state_dict(book["elapsed_s"])
         if pending is None:
             pending = list(self.line.state_dict()["pending"].values())
         queue = {"delay_line": mp.per_process(
@@ -437,6 +467,7 @@ class Job:
         self.learner.checkpoint.wait()
         if self.run.writer:
             state_io.prune_rings(self.run / "ring", self.learner.checkpoint.all_steps())
+        self.clock.add("rl/checkpoint_s", time.perf_counter() - start)
 
     def _restore_ring(self, step: int, restored: dict[str, Any]) -> ParamRing:
         """The parameter ring saved with checkpoint ``step``, read and checked against the
@@ -467,8 +498,15 @@ class Job:
     # ------------------------------------------------------------------ main
     def run_job(self) -> dict[str, Any]:
         """Run (or resume) the job; returns the summary."""
-        cfg = self.cfg
         self._t0 = time.perf_counter()
+        self.clock.start()
+        try:
+            return self._run_job()
+        finally:
+            self.clock.stop()
+
+    def _run_job(self) -> dict[str, Any]:
+        cfg = self.cfg
         if self.plan is not None and self.plan.action == "finished":
             resume_policy.say(self.run, f"{self.run.path} already finished (summary.json): "
                                         "nothing to resume; showing its summary")
@@ -480,12 +518,13 @@ class Job:
         self.run.start(cfg.to_json())
         self.setup()
         book = self._restore() if self.plan is not None and self.plan.action == "continue" else None
+        self.clock.load_state_dict(book.get("phases") if book is not None else None)
         # a run rewrites steps >= its start (0 when fresh): TensorBoard drops earlier
         # sessions' events there, so curves never hold duplicate or out-of-order steps
         self.logger = make_logger(self.run / "tb", cfg.logging, run_dir=self.run.path,
                                   name=cfg.name, resume=book is not None, jsonl=False,
                                   purge_step=0 if book is None else book["start_step"])
-        fresh = book is None
+        fresh = book is None  # RL starts now: its current weights become the reference
         if fresh:
             for name in ("metrics.jsonl", "timing.jsonl", "sft.jsonl"):
                 if self.run.writer:
@@ -507,13 +546,14 @@ class Job:
         reference.attach(self.learner, self.run.path, fresh=fresh, write=self.run.writer)
         self._elapsed_base = book["elapsed_s"]
         self._rl_base, self._rl_start = book.get("rl_wall_s", 0.0), time.perf_counter()
-        if cfg.staleness.mode == "async":
-            from experiments.async_loop import run_async
+        with self.clock.phase("rl"):
+            if cfg.staleness.mode == "async":
+                from experiments.async_loop import run_async
 
-            run_async(self, book)
-        else:
-            self._run_simulated(book)
-        self.flush()
+                run_async(self, book)
+            else:
+                self._run_simulated(book)
+            self.flush()
         book["rl_wall_s"] = self.rl_wall_s()
         version = self.learner.version
         book["evals"]["after_rl"] = self.evaluate("after_rl", self.published(), version)
@@ -524,6 +564,23 @@ class Job:
         self.logger.close()
         self.task.verifier.close()
         return summary
+
+    def _time_split(self, total_s: float) -> dict[str, Any]:
+        """``time/phases`` (wall seconds: sft_s + eval_s + rl_s + compile_s + other_s =
+        total_s = ``wall_clock_s``), ``time/phases_cpu`` (process CPU seconds per phase),
+        ``time/rl_split`` (RL sub-phases, compilation included), ``time/startup_s``
+        (imports and parsing before the job, when run from the command line) and
+        ``time/counts`` (SFT steps, episodes, verifier checks, compilations); see
+        `experiments.phases`."""
+        split = self.clock.split(total_s)
+        v = self.task.verifier
+        counts = dict(split["counts"], compilations=split["compiles"],
+                      verifier_checks=v.num_checks, verifier_fast_path=v.num_fast_path,
+                      verifier_math_verify=v.num_worker_checks)
+        return {"time/phases": split["wall"], "time/phases_cpu": split["cpu"],
+                "time/rl_split": split["sub"], "time/startup_s": self.startup_s,
+                "time/counts": counts,
+                "time/compilations_by_function": split["compiles_by_function"]}
 
     def _summary(self, book: dict[str, Any]) -> dict[str, Any]:
         primary = next(iter(self.task.eval_sets))
@@ -553,5 +610,6 @@ class Job:
             "objective": self.cfg.objective.name,
             "objective_config": dataclasses.asdict(self.objective.config),
             "staleness_mode": self.cfg.staleness.mode,
+            **self._time_split(book["elapsed_s"]),
             "evals": {phase: book["evals"][phase]["benchmarks"] for phase in book["evals"]},
         }

@@ -22,7 +22,11 @@ goes to ``<run_dir>/logs/error.log`` and, with ``--debug`` or ``ENTR_DEBUG=1``, 
 
 from __future__ import annotations
 
-import dataclasses
+import time
+
+_STARTED = time.perf_counter()  # before the heavy imports: `Job.startup_s`
+
+import dataclasses  # noqa: E402
 import json
 import os
 import sys
@@ -161,15 +165,26 @@ def main(argv: list[str] | None = None) -> int:
         from learners.distributed import initialize
 
         initialize()  # multi-host: reads ENTR_* variables; a no-op for one process
+        from experiments.compile_cache import enable
+
+        enable()  # persistent compilation cache in the user cache (ENTR_JAX_CACHE=0: off)
         from experiments.loop import Job
 
         job = Job(cfg, resume=opts.resume, resume_override=opts.resume_override)
+        job.startup_s = time.perf_counter() - _STARTED
         summary = job.run_job()
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as err:  # noqa: BLE001 - every failure becomes one paragraph
         return _fail(err, debug, run_dir)
-    print(json.dumps({k: v for k, v in summary.items() if k != "evals"}, indent=2))
+    print(json.dumps({k: v for k, v in summary.items()
+                      if k not in ("evals", "time/compilations_by_function")}, indent=2))
+    if "time/phases" in summary:
+        from experiments.phases import format_split
+
+        print(format_split(summary["time/phases"], summary["time/counts"]["compilations"],
+                           summary["time/phases_cpu"]["total_s"])
+              + f"; start-up before the job {summary.get('time/startup_s') or 0:.0f} s")
     print(f"run directory: {job.run.path}")
     return 0
 

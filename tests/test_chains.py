@@ -145,3 +145,34 @@ def test_measured_intra_staleness_on_the_stress_task(switches, tmp_path):
             v = tv[mask]
             if len(v) >= 48:
                 assert v.max() - v.min() == switches
+
+
+def test_exact_number_scorer_with_the_last_number_fallback():
+    """The arithmetic task's scorer: the last number counts when there is no "####"; only
+    a plain number equal to the gold integer is correct (an expression is not)."""
+    score = ExactNumberScorer(fallback_last_number=True)
+    ex = {"id": "gsm8k_arith/48/2", "answer": "24"}
+    assert score("#### 24", ex) == (1.0, {"pred": "24", "method": "hash", "correct": True})
+    assert score("it is 24", ex) == (1.0, {"pred": "24", "method": "last_number",
+                                           "correct": True})
+    assert score("#### 24.0", ex)[0] == 1.0 and score("#### 1,024", ex)[0] == 0.0
+    assert score("#### 48/2", ex) == (0.0, {"pred": "48/2", "method": "hash",
+                                            "correct": False})
+    assert score("24 then #### 25", ex)[0] == 0.0  # the marker wins over the last number
+    assert score("no number", ex) == (0.0, {"pred": None, "method": "none", "correct": False})
+    assert ExactNumberScorer()("it is 24", ex)[0] == 0.0  # no fallback by default
+
+
+def test_arithmetic_task_scores_exactly_without_math_verify():
+    from experiments.configs import QUICKSTART
+    from experiments.tasks import build_task
+
+    task = build_task(QUICKSTART.task)
+    scorer = task.env_factory().scorer
+    assert isinstance(scorer, ExactNumberScorer) and scorer.fallback_last_number
+    examples = task.train + task.eval_sets["arithmetic"]
+    assert len(examples) == 1404 + 153
+    # every gold answer is a plain integer: its own value scores 1, its successor 0
+    assert all(scorer(f"#### {e['answer']}", e)[0] == 1.0 for e in examples)
+    assert not any(scorer(f"#### {int(e['answer']) + 1}", e)[0] for e in examples)
+    assert task.verifier.num_checks == 0

@@ -100,6 +100,31 @@ def test_run_directory_and_summary(reference):
     assert z["logp_pi"].shape == z["entropy_mu"].shape == z["loss_mask"].shape
 
 
+def check_time_split(summary):
+    """``time/phases`` adds up to the wall time; the counts are those of the small config:
+    2 evaluations (init, after RL; no SFT) x 2 examples x (1 greedy + 1 sample) episodes,
+    4 RL batches x 2 prompts x 3 samples."""
+    wall = summary["time/phases"]
+    parts = ("sft_s", "eval_s", "rl_s", "compile_s", "other_s")
+    assert set(wall) == set(parts) | {"total_s"}
+    assert sum(wall[k] for k in parts) == pytest.approx(wall["total_s"], abs=1e-6)
+    assert wall["total_s"] == summary["wall_clock_s"]
+    assert wall["sft_s"] == 0.0 and min(wall["eval_s"], wall["rl_s"], wall["compile_s"]) > 0
+    assert set(summary["time/phases_cpu"]) == {"sft_s", "eval_s", "rl_s", "total_s"}
+    assert {"rl/sample_s", "rl/learn_s", "rl/checkpoint_s", "rl/token_samples_s"} <= set(
+        summary["time/rl_split"])
+    counts = summary["time/counts"]
+    assert counts["eval_episodes"] == 2 * 2 * 2 and counts["rl_episodes"] == 4 * 2 * 3
+    assert "sft_steps" not in counts
+    # the arithmetic task scores exactly: no answer reaches the math verifier
+    assert counts["verifier_checks"] == counts["verifier_math_verify"] == 0
+    assert counts["compilations"] == sum(summary["time/compilations_by_function"].values()) > 0
+
+
+def test_summary_splits_the_wall_time_into_phases(reference):
+    check_time_split(reference[2])
+
+
 def test_wandb_run_has_the_metrics_of_metrics_jsonl(reference):
     """With ``logging.wandb``, W&B gets every metric of ``metrics.jsonl`` under the same name,
     with the same value, at the same step (``version``: the batch's policy version;
@@ -191,7 +216,7 @@ def test_resume_after_a_crash_repeats_nothing_and_is_bitwise(reference, small_mo
     monkeypatch.setattr(Job, "learn", original)
     with pytest.raises(RunExistsError):
         Job(cfg)
-    job, _ = run(cfg, resume=True)
+    job, summary = run(cfg, resume=True)
     rows = metrics(tmp_path / "crash")
     assert [r["batch/id"] for r in rows] == [0, 1, 2, 3]
     assert (tmp_path / "crash" / "metrics.jsonl").read_bytes() == (ref_dir / "metrics.jsonl").read_bytes()
@@ -200,6 +225,7 @@ def test_resume_after_a_crash_repeats_nothing_and_is_bitwise(reference, small_mo
     assert len(leaves) == len(ref_leaves) > 0
     for a, b in zip(leaves, ref_leaves):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    check_time_split(summary)  # the counts continue from the checkpoint: none lost or doubled
 
 
 def test_async_mode_bounds_and_measures_staleness(small_model_dir, tmp_path):
@@ -557,3 +583,34 @@ def test_dr_grpo_l_norm_defaults_to_the_generation_budget():
     assert build_objective(cfg).config.l_norm == 50.0
     with pytest.raises(ValueError, match="learner.minibatches"):
         dataclasses.replace(q, learner=dataclasses.replace(q.learner, minibatches=16 * 8 + 1))
+
+
+def test_sft_batches_are_padded_to_the_longest_demonstration(small_model_dir, tmp_path,
+                                                             monkeypatch):
+    """The warm start pads every batch to the longest demonstration (not to the next power
+    of two): one shape, fewer tokens."""
+    import learners.learner as learner_module
+    from experiments.tasks import demo_trajectory
+
+    cfg = small_config(small_model_dir, tmp_path / "sft",
+                       sft=dataclasses.replace(QUICKSTART.sft, steps=3, batch_size=4))
+    job = Job(cfg, show_progress=False)
+    job.prepare_task()
+    job.run.start(cfg.to_json())
+    job.setup()
+    lengths = []
+    make_batch = learner_module.make_batch
+
+    def recording(*args, **kwargs):
+        batch, stats = make_batch(*args, **kwargs)
+        lengths.append(stats["batch/length"])
+        return batch, stats
+
+    monkeypatch.setattr(learner_module, "make_batch", recording)
+    job.clock.start()
+    job.warm_start(job.module_fn)
+    job.clock.stop()
+    seqs = [demo_trajectory(d, job.tokenizer) for d in job.task.demos]
+    longest = max(len(t.prompt_ids) + len(t.response_ids) for t in seqs)
+    assert longest < 16 and lengths == [longest] * 3
+    assert job.clock.split()["counts"] == {"sft_steps": 3}

@@ -174,7 +174,8 @@ class VerifierConfig:
 class MathVerifier:
     """Judges whether predicted answers equal gold answers (see the module docstring).
 
-    Counters (read them for metrics): ``num_checks``, ``num_fast_path``, ``num_timeouts``
+    Counters (read them for metrics): ``num_checks``, ``num_fast_path``,
+    ``num_worker_checks`` (answers sent to a math-verify worker), ``num_timeouts``
     (answers that ran past ``timeout_s``; they score 0), ``num_errors`` (exceptions inside
     math-verify or a worker that died; they score 0).
     The worker pool starts lazily on the first check that needs math-verify and lives
@@ -187,6 +188,7 @@ class MathVerifier:
         self._pool = None
         self.num_checks = 0
         self.num_fast_path = 0
+        self.num_worker_checks = 0
         self.num_timeouts = 0
         self.num_errors = 0
 
@@ -234,6 +236,7 @@ class MathVerifier:
             results.append(None)
             pending.append(len(results) - 1)
         if pending:
+            self.num_worker_checks += len(pending)
             pool = self._get_pool()
             futures = [pool.schedule(_mv_check, (pairs[i][0], str(pairs[i][1])),
                                      timeout=self.config.timeout_s) for i in pending]
