@@ -112,12 +112,9 @@ class Decoder(nnx.Module):
             )
         valid = attention_mask.astype(jnp.bool_)
         positions = jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
-        idx = jnp.arange(length, dtype=jnp.int32)
-        causal = idx[:, None] >= idx[None, :]
-        mask = causal[None, :, :] & valid[:, None, :]
         x = self._embed(input_ids)
         for layer in self.layers:
-            x = layer(x, positions, mask)
+            x = layer(x, positions, valid)
         return self.final_norm(x)
 
     def lm_logits(self, hidden: jax.Array) -> jax.Array:
