@@ -1,8 +1,9 @@
 """Causal query-blocked attention == the plain masked-softmax reference (values, gradients,
-padding, GQA), the decode path's `attend` == the reference, and the skipped upper triangle
-shows in XLA's flop count."""
+padding, GQA), the decode path's `attend` == the reference, the skipped upper triangle
+shows in XLA's flop count, and a decode step copies no KV-cache-sized array."""
 
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from entr_jax.model import Decoder, ModelConfig
+from entr_jax.model import Decoder, ModelConfig, init_cache
 from entr_jax.model import attention
 from entr_jax.model.attention import attend, causal_attend, query_blocks
 
@@ -158,3 +159,31 @@ def test_decoder_blocked_equals_single_block_with_padding(monkeypatch):
     assert np.abs(np.asarray(logits_blocked) - np.asarray(logits_one))[m].max() < 1e-4
     for gb, go in zip(jax.tree.leaves(grads_blocked), jax.tree.leaves(grads_one)):
         assert np.abs(np.asarray(gb) - np.asarray(go)).max() < 1e-4 * max(1.0, np.abs(np.asarray(go)).max())
+
+
+def _big_layout_copies(hlo: str, min_elements: int) -> list[str]:
+    """copy / transpose instructions of at least ``min_elements`` elements in an HLO text."""
+    out = []
+    for line in hlo.splitlines():
+        m = re.search(r"= \w+\[([\d,]+)\]\{[^}]*\} (copy|transpose)\(", line)
+        if m and np.prod([int(d) for d in m.group(1).split(",")]) >= min_elements:
+            out.append(line.strip())
+    return out
+
+
+def test_decode_step_reads_the_kv_cache_without_copying_it():
+    """One cached decode step: the [B, K, M, hd] cache feeds both attention matmuls as is
+    (the former [B, M, K, hd] layout cost two full-cache transposes per layer per step)."""
+    model = Decoder(CFG, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model)
+    batch, slots = 2, 64
+    cache = init_cache(CFG, batch, slots)
+    assert cache.k[0].shape == (batch, CFG.num_kv_heads, slots, CFG.head_dim)
+
+    def step(p, cache, ids, positions):
+        return nnx.merge(graphdef, p).decode(ids, positions, cache)
+
+    ids = jnp.zeros((batch, 1), jnp.int32)
+    positions = jnp.full((batch, 1), 5, jnp.int32)
+    hlo = jax.jit(step, donate_argnums=1).lower(params, cache, ids, positions).compile().as_text()
+    assert _big_layout_copies(hlo, cache.k[0].size) == []

@@ -10,6 +10,8 @@ Layout. Both forms move heads ahead of positions once (``q -> [B, K, G, S, hd]``
 ``k, v -> [B, K, T, hd]``; ``G = H / K``), so both score matmuls are batched over
 ``(B, K)`` with the ``[G * S, T]`` scores contiguous: XLA needs no copy of a score-sized
 array in the forward or the backward pass, only of the ``[B, S, H, hd]`` inputs and output.
+The KV cache is stored heads-first (``[B, K, M, hd]``), so a decode step reads it as is
+instead of transposing the whole cache for each layer at each step (`attend_cache`).
 
 `causal_attend` (training / scoring forward) splits the queries into blocks of
 ``C`` positions; query block ``[s0, s1)`` reads only the keys ``[0, s1)`` (the keys a causal
@@ -59,20 +61,28 @@ def _softmax_attend(qh, kh, vh, mask, dtype):
     return jnp.einsum("bkgst,bktd->bkgsd", probs, vh.astype(dtype))
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dtype) -> jax.Array:
-    """Grouped-query softmax attention under an explicit mask (the KV-cache decode path).
+def attend_cache(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array, mask: jax.Array,
+                 dtype) -> jax.Array:
+    """Grouped-query softmax attention over a heads-first KV cache (the decode path).
 
     Args:
-      q: ``[B, S, H, hd]``; k, v: ``[B, T, K, hd]`` with ``H % K == 0``.
-      mask: ``[B, S, T]`` bool, True where query s may read key t.
+      q: ``[B, S, H, hd]``; cache_k, cache_v: ``[B, K, T, hd]`` (the `KVCache` layout, read
+        in place: no per-step copy of the cache) with ``H % K == 0``.
+      mask: ``[B, S, T]`` bool, True where query s may read key (cache slot) t.
       dtype: dtype of the probabilities, the value matmul and the result.
     Returns:
       ``[B, S, H * hd]`` in ``dtype``.
     """
-    kv = k.shape[2]
-    out = _softmax_attend(_heads_first(q, kv), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
+    out = _softmax_attend(_heads_first(q, cache_k.shape[1]), cache_k, cache_v,
                           mask[:, None, None, :, :], dtype)
     return _positions_first(out)
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dtype) -> jax.Array:
+    """Grouped-query softmax attention under an explicit mask: `attend_cache` of
+    ``k, v [B, T, K, hd]`` (positions-first) moved to ``[B, K, T, hd]``; ``q [B, S, H, hd]``,
+    ``mask [B, S, T]`` bool; returns ``[B, S, H * hd]`` in ``dtype``."""
+    return attend_cache(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask, dtype)
 
 
 def query_blocks(length: int, min_block: int | None = None,
