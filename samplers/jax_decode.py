@@ -52,7 +52,7 @@ class DecodeState:
     """Loop carry of one device batch.
 
     Attributes:
-      cache: `KVCache` of ``[B, M, K, head_dim]`` per layer.
+      cache: `KVCache` of ``[B, K, M, head_dim]`` per layer.
       step: int32 scalar, index of the next response token to sample.
       last: ``[B]`` int32, the most recently sampled token (fed at the next step).
       done: ``[B]`` bool, row finished (stop token or budget) or a padding row.

@@ -21,8 +21,9 @@ class KVCache:
     """Per-layer key/value cache.
 
     Attributes:
-      k, v: tuples (one per layer) of ``[B, M, num_kv_heads, head_dim]`` arrays; slot ``j``
-        of row ``b`` holds the (RoPE'd) key / value of the token at position ``j``.
+      k, v: tuples (one per layer) of ``[B, num_kv_heads, M, head_dim]`` arrays (heads
+        first, the layout the attention matmuls read without a copy); slot ``j`` of row
+        ``b`` holds the (RoPE'd) key / value of the token at position ``j``.
     """
 
     k: tuple[jax.Array, ...]
@@ -30,15 +31,15 @@ class KVCache:
 
     @property
     def max_len(self) -> int:
-        return self.k[0].shape[1]
+        return self.k[0].shape[2]
 
 
 def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=jnp.float32) -> KVCache:
-    """Zero cache of ``config.num_layers`` x ``[batch_size, max_len, K, head_dim]`` in ``dtype``."""
+    """Zero cache of ``config.num_layers`` x ``[batch_size, K, max_len, head_dim]`` in ``dtype``."""
     for name, value in (("batch_size", batch_size), ("max_len", max_len)):
         if not isinstance(value, int) or value <= 0:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
-    shape = (batch_size, max_len, config.num_kv_heads, config.head_dim)
+    shape = (batch_size, config.num_kv_heads, max_len, config.head_dim)
     zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
     return KVCache(k=zeros, v=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)))
 
@@ -112,12 +113,9 @@ class Decoder(nnx.Module):
             )
         valid = attention_mask.astype(jnp.bool_)
         positions = jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
-        idx = jnp.arange(length, dtype=jnp.int32)
-        causal = idx[:, None] >= idx[None, :]
-        mask = causal[None, :, :] & valid[:, None, :]
         x = self._embed(input_ids)
         for layer in self.layers:
-            x = layer(x, positions, mask)
+            x = layer(x, positions, valid)
         return self.final_norm(x)
 
     def lm_logits(self, hidden: jax.Array) -> jax.Array:
@@ -138,7 +136,7 @@ class Decoder(nnx.Module):
           positions: ``[B, S]`` int32, the position of each token; its K/V are written to cache
             slot = position (slots ``>= M`` are dropped), and it attends to every slot
             ``<= position``. Distinct positions per row are the caller's duty.
-          cache: `KVCache` with ``[B, M, K, hd]`` arrays.
+          cache: `KVCache` with ``[B, K, M, hd]`` arrays.
         Returns:
           ``(logits [B, S, V] float32, new_cache)``. Pure: the module is not mutated.
         """

@@ -7,7 +7,8 @@ Formulas:
   ``x' = x * cos(p * w) + rotate_half(x) * sin(p * w)``, ``w_i = theta ** (-2i / head_dim)``;
   with Llama 3 scaling the ``w_i`` are rescaled by wavelength band (see `rope_inv_freq`).
 - Attention (Vaswani et al. 2017, eq. 1) with grouped-query heads (Ainslie et al. 2023):
-  query head ``h`` reads kv head ``h // (H / K)``; scores and softmax in f32.
+  query head ``h`` reads kv head ``h // (H / K)``; scores and softmax in f32 (see
+  `entr_jax.model.attention`: causal query blocks in the full forward, a mask in decode).
 - SwiGLU MLP (Shazeer 2020, eq. 6): ``down(silu(gate(x)) * up(x))``.
 """
 
@@ -20,11 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from entr_jax.model.attention import attend_cache, causal_attend
 from entr_jax.model.config import ModelConfig
 
 _INIT = nnx.initializers.normal(stddev=0.02)
-# Finite "minus infinity" so that a fully masked query row gives a uniform (not NaN) softmax.
-_MASK_VALUE = float(np.finfo(np.float32).min)
 
 
 def _part(init, axes):
@@ -91,26 +91,6 @@ def _linear(din, dout, axes, bias, rngs, dtype, param_dtype):
     )
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dtype) -> jax.Array:
-    """Grouped-query softmax attention.
-
-    Args:
-      q: ``[B, S, H, hd]``; k, v: ``[B, T, K, hd]`` with ``H % K == 0``.
-      mask: ``[B, S, T]`` bool, True where query s may read key t.
-    Returns:
-      ``[B, S, H * hd]`` in ``dtype``.
-    """
-    b, s, h, hd = q.shape
-    kv = k.shape[2]
-    qg = q.reshape(b, s, kv, h // kv, hd)
-    scores = jnp.einsum("bskgd,btkd->bkgst", qg, k.astype(q.dtype),
-                        preferred_element_type=jnp.float32) * (1.0 / math.sqrt(hd))
-    scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
-    out = jnp.einsum("bkgst,btkd->bskgd", probs, v.astype(dtype))
-    return out.reshape(b, s, h * hd)
-
-
 class Attention(nnx.Module):
     """Self-attention with RoPE, GQA, optional q/k/v bias (qwen2/llama) and q/k norm (qwen3)."""
 
@@ -142,25 +122,27 @@ class Attention(nnx.Module):
         inv_freq = rope_inv_freq(self.config)
         return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
 
-    def __call__(self, x, positions, mask):
-        """Full-sequence attention: ``x [B,L,D]``, ``positions [B,L]``, ``mask [B,L,L]``."""
+    def __call__(self, x, positions, valid):
+        """Full-sequence causal attention: ``x [B,L,D]``, ``positions [B,L]``, ``valid [B,L]``
+        bool (True = real token; padding keys are never read)."""
         q, k, v = self.qkv(x, positions)
-        return self.o_proj(attend(q, k, v, mask, self.dtype))
+        return self.o_proj(causal_attend(q, k, v, valid, self.dtype))
 
     def decode(self, x, positions, cache_k, cache_v):
         """Writes the new K/V at slot = position, attends to slots ``<= position``.
 
-        ``x [B,S,D]``, ``positions [B,S]`` int32, ``cache_k/v [B,M,K,hd]``; returns
+        ``x [B,S,D]``, ``positions [B,S]`` int32, ``cache_k/v [B,K,M,hd]``; returns
         ``(out [B,S,D], cache_k, cache_v)``. Positions ``>= M`` are dropped from the write.
         """
         q, k, v = self.qkv(x, positions)
         rows = jnp.arange(x.shape[0], dtype=jnp.int32)[:, None]
         rows = jnp.broadcast_to(rows, positions.shape)
-        cache_k = cache_k.at[rows, positions].set(k.astype(cache_k.dtype), mode="drop")
-        cache_v = cache_v.at[rows, positions].set(v.astype(cache_v.dtype), mode="drop")
-        slots = jnp.arange(cache_k.shape[1], dtype=jnp.int32)
+        # Index [rows, :, positions] of [B, K, M, hd] selects [B, S, K, hd]: k's own layout.
+        cache_k = cache_k.at[rows, :, positions].set(k.astype(cache_k.dtype), mode="drop")
+        cache_v = cache_v.at[rows, :, positions].set(v.astype(cache_v.dtype), mode="drop")
+        slots = jnp.arange(cache_k.shape[2], dtype=jnp.int32)
         mask = slots[None, None, :] <= positions[:, :, None]
-        out = self.o_proj(attend(q, cache_k, cache_v, mask, self.dtype))
+        out = self.o_proj(attend_cache(q, cache_k, cache_v, mask, self.dtype))
         return out, cache_k, cache_v
 
 
@@ -188,8 +170,8 @@ class Block(nnx.Module):
         self.post_attn_norm = RMSNorm(config.hidden_size, eps, "norm", **kw)
         self.mlp = MLP(config, rngs=rngs, **kw)
 
-    def __call__(self, x, positions, mask):
-        h = x + self.attn(self.input_norm(x), positions, mask)
+    def __call__(self, x, positions, valid):
+        h = x + self.attn(self.input_norm(x), positions, valid)
         return h + self.mlp(self.post_attn_norm(h))
 
     def decode(self, x, positions, cache_k, cache_v):

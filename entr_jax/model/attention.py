@@ -1,0 +1,132 @@
+"""Grouped-query softmax attention: the masked reference and a causal, query-blocked form.
+
+Formula (Vaswani et al. 2017, eq. 1) with grouped-query heads (Ainslie et al. 2023): query
+head ``h`` reads kv head ``h // (H / K)``; ``softmax(q k^T / sqrt(hd) + mask) v`` with
+scores and softmax in f32. A masked score is the finite ``_MASK_VALUE`` (f32 min), so
+``exp(masked - row max)`` underflows to exactly 0 and a row whose every key is masked gets
+a uniform (finite, not NaN) softmax.
+
+Layout. Both forms move heads ahead of positions once (``q -> [B, K, G, S, hd]``,
+``k, v -> [B, K, T, hd]``; ``G = H / K``), so both score matmuls are batched over
+``(B, K)`` with the ``[G * S, T]`` scores contiguous: XLA needs no copy of a score-sized
+array in the forward or the backward pass, only of the ``[B, S, H, hd]`` inputs and output.
+The KV cache is stored heads-first (``[B, K, M, hd]``), so a decode step reads it as is
+instead of transposing the whole cache for each layer at each step (`attend_cache`).
+
+`causal_attend` (training / scoring forward) splits the queries into blocks of
+``C`` positions; query block ``[s0, s1)`` reads only the keys ``[0, s1)`` (the keys a causal
+query there may see), so the upper-triangle blocks are neither computed nor stored for the
+backward pass: with ``n`` blocks the score work is ``(n + 1) / (2 n)`` of the full ``L^2``.
+Within a row it is the same softmax over the same unmasked keys as `attend` with the
+causal-and-padding mask (masked keys contribute exactly 0), so the two agree to f32
+rounding on every row with at least one readable key.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# Finite "minus infinity" so that a fully masked query row gives a uniform (not NaN) softmax.
+_MASK_VALUE = float(np.finfo(np.float32).min)
+# Query blocks of `causal_attend`: at least MIN_BLOCK positions, at most MAX_BLOCKS blocks
+# (the blocks are unrolled, so their count bounds the compiled program's size).
+MIN_BLOCK = 128
+MAX_BLOCKS = 8
+
+
+def _heads_first(q: jax.Array, num_kv_heads: int) -> jax.Array:
+    """``[B, S, H, hd] -> [B, K, G, S, hd]`` with query head ``h = k * G + g``."""
+    b, s, h, hd = q.shape
+    return q.reshape(b, s, num_kv_heads, h // num_kv_heads, hd).transpose(0, 2, 3, 1, 4)
+
+
+def _positions_first(out: jax.Array) -> jax.Array:
+    """``[B, K, G, S, hd] -> [B, S, K * G * hd]``."""
+    b, kv, g, s, hd = out.shape
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, s, kv * g * hd)
+
+
+def _softmax_attend(qh, kh, vh, mask, dtype):
+    """``qh [B,K,G,S,hd]``, ``kh, vh [B,K,T,hd]``, ``mask`` bool broadcastable to
+    ``[B,K,G,S,T]`` -> ``[B,K,G,S,hd]`` in ``dtype``."""
+    scale = 1.0 / math.sqrt(qh.shape[-1])
+    scores = jnp.einsum("bkgsd,bktd->bkgst", qh, kh.astype(qh.dtype),
+                        preferred_element_type=jnp.float32) * scale
+    scores = jnp.where(mask, scores, _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+    return jnp.einsum("bkgst,bktd->bkgsd", probs, vh.astype(dtype))
+
+
+def attend_cache(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array, mask: jax.Array,
+                 dtype) -> jax.Array:
+    """Grouped-query softmax attention over a heads-first KV cache (the decode path).
+
+    Args:
+      q: ``[B, S, H, hd]``; cache_k, cache_v: ``[B, K, T, hd]`` (the `KVCache` layout, read
+        in place: no per-step copy of the cache) with ``H % K == 0``.
+      mask: ``[B, S, T]`` bool, True where query s may read key (cache slot) t.
+      dtype: dtype of the probabilities, the value matmul and the result.
+    Returns:
+      ``[B, S, H * hd]`` in ``dtype``.
+    """
+    out = _softmax_attend(_heads_first(q, cache_k.shape[1]), cache_k, cache_v,
+                          mask[:, None, None, :, :], dtype)
+    return _positions_first(out)
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dtype) -> jax.Array:
+    """Grouped-query softmax attention under an explicit mask: `attend_cache` of
+    ``k, v [B, T, K, hd]`` (positions-first) moved to ``[B, K, T, hd]``; ``q [B, S, H, hd]``,
+    ``mask [B, S, T]`` bool; returns ``[B, S, H * hd]`` in ``dtype``."""
+    return attend_cache(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask, dtype)
+
+
+def query_blocks(length: int, min_block: int | None = None,
+                 max_blocks: int | None = None) -> list[tuple[int, int]]:
+    """Static ``[s0, s1)`` query blocks of `causal_attend`: blocks of
+    ``C = max(min_block, ceil(length / max_blocks))`` positions, the last one shorter
+    (None: the module's `MIN_BLOCK` / `MAX_BLOCKS`, read at call time)."""
+    min_block = MIN_BLOCK if min_block is None else min_block
+    max_blocks = MAX_BLOCKS if max_blocks is None else max_blocks
+    if length < 1 or min_block < 1 or max_blocks < 1:
+        raise ValueError(
+            f"query_blocks needs length, min_block, max_blocks >= 1, got {length}, {min_block}, "
+            f"{max_blocks}")
+    size = max(min_block, -(-length // max_blocks))
+    return [(s0, min(s0 + size, length)) for s0 in range(0, length, size)]
+
+
+def causal_attend(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array, dtype, *,
+                  min_block: int | None = None, max_blocks: int | None = None) -> jax.Array:
+    """Causal grouped-query self-attention with key padding, upper triangle skipped.
+
+    Equals ``attend(q, k, v, mask, dtype)`` with ``mask[b, s, t] = (t <= s) & valid[b, t]``
+    on every query row that can read at least one key (module docstring); a row that can
+    read none (e.g. a left-padding position) gets a finite, meaningless value.
+
+    Args:
+      q: ``[B, L, H, hd]``; k, v: ``[B, L, K, hd]`` (the same L positions), ``H % K == 0``.
+      valid: ``[B, L]`` bool, True on real tokens; padding keys are never read.
+      dtype: dtype of the probabilities, the value matmul and the result.
+      min_block, max_blocks: query blocking, see `query_blocks` (static ints).
+    Returns:
+      ``[B, L, H * hd]`` in ``dtype``.
+    """
+    length, kv = q.shape[1], k.shape[2]
+    if k.shape[1] != length or v.shape[1] != length or valid.shape != q.shape[:2]:
+        raise ValueError(
+            f"causal_attend: q {q.shape}, k {k.shape}, v {v.shape} and valid {valid.shape} "
+            "must share [B, L]")
+    qh = _heads_first(q, kv)
+    kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    idx = np.arange(length)
+    outs = []
+    for s0, s1 in query_blocks(length, min_block, max_blocks):
+        causal = idx[s0:s1, None] >= idx[None, :s1]  # static [s1 - s0, s1]
+        mask = causal[None, None, None] & valid[:, None, None, None, :s1]
+        outs.append(_softmax_attend(qh[:, :, :, s0:s1], kh[:, :, :s1], vh[:, :, :s1], mask, dtype))
+    return _positions_first(outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=3))
