@@ -10,6 +10,8 @@ Prints one JSON object. Per objective (a jitted ``value_and_grad`` at ``[B, T]``
   ratios (this objective's time in round i over the reference's in round i) with its
   ``[p25, p75]``; ``grpo_token_mean`` is ``grpo`` with ENTR's aggregation (token_mean),
   the reference ENTR is held to;
+* ``cpu_ms`` / ``cpu_ratio_to_*``: the same for the process CPU time of each call
+  (``time.process_time``, all threads), which other processes disturb less than wall time;
 * ``load_1m``: the median 1-minute load average (``os.getloadavg``) sampled every round,
   with its min and max: on a loaded machine wall times mean little without it;
 * ``hlo``: flops, bytes accessed and transcendentals of the compiled program
@@ -103,22 +105,26 @@ def paired_ratio(xs: list[float], ref: list[float]) -> dict[str, float]:
     return {"median": s["median"], "p25": s["p25"], "p75": s["p75"]}
 
 
-def interleaved(calls: dict, repeats: int, warmup: int) -> tuple[dict[str, list[float]], list[float]]:
+def interleaved(calls: dict, repeats: int, warmup: int) -> tuple[dict, dict, list[float]]:
     """Times every ``calls[name]()`` once per round, in turn, for ``warmup + repeats``
-    rounds; returns the ms of the last ``repeats`` rounds per name and the 1-minute load
-    average sampled at the start of each of them."""
-    times: dict[str, list[float]] = {n: [] for n in calls}
+    rounds; returns, for the last ``repeats`` rounds, the wall ms and the process CPU ms
+    (``time.process_time``: every thread of this process; less sensitive to other
+    processes than wall time) per name, and the 1-minute load average sampled at the
+    start of each round."""
+    wall: dict[str, list[float]] = {n: [] for n in calls}
+    cpu: dict[str, list[float]] = {n: [] for n in calls}
     load: list[float] = []
     for i in range(warmup + repeats):
         if i >= warmup:
             load.append(os.getloadavg()[0])
         for name, call in calls.items():
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             call()
-            ms = (time.perf_counter() - t0) * 1e3
+            ms, cpu_ms = (time.perf_counter() - t0) * 1e3, (time.process_time() - c0) * 1e3
             if i >= warmup:
-                times[name].append(ms)
-    return times, load
+                wall[name].append(ms)
+                cpu[name].append(cpu_ms)
+    return wall, cpu, load
 
 
 def main() -> None:
@@ -143,13 +149,14 @@ def main() -> None:
     for f in fns.values():
         jax.block_until_ready(f(logp_pi, batch))
     calls = {n: (lambda f=f: jax.block_until_ready(f(logp_pi, batch))) for n, f in fns.items()}
-    times, load = interleaved(calls, args.repeats, args.warmup)
+    times, cpu, load = interleaved(calls, args.repeats, args.warmup)
     cost = {n: hlo_cost(g, logp_pi, batch) for n, g in grads.items()}
     results = {}
     for n in fns:
-        r = {"ms": spread(times[n])}
+        r = {"ms": spread(times[n]), "cpu_ms": spread(cpu[n])}
         for ref in REFERENCES:
             r[f"ratio_to_{ref}"] = paired_ratio(times[n], times[ref])
+            r[f"cpu_ratio_to_{ref}"] = paired_ratio(cpu[n], cpu[ref])
         r["hlo"] = dict(cost[n])
         for ref in REFERENCES:
             r["hlo"][f"ratio_to_{ref}"] = {k: round(v / max(cost[ref][k], 1.0), 4) for k, v in cost[n].items()}
@@ -167,6 +174,7 @@ def main() -> None:
     if "entr" in results:
         out["entr_over_grpo_token_mean"] = {
             "wall_paired_ratio": results["entr"]["ratio_to_grpo_token_mean"],
+            "cpu_paired_ratio": results["entr"]["cpu_ratio_to_grpo_token_mean"],
             "hlo": results["entr"]["hlo"]["ratio_to_grpo_token_mean"],
             "load_1m": out["load_1m"],
         }
@@ -210,11 +218,12 @@ def learner_step_ratio(rows: int, length: int, repeats: int, warmup: int) -> dic
         learner.train_on(trajs, adv)
         jax.block_until_ready(learner.state.params)
 
-    times, load = interleaved({n: (lambda lr=lr: call(lr)) for n, lr in learners.items()},
-                              repeats, warmup)
+    times, cpu, load = interleaved({n: (lambda lr=lr: call(lr)) for n, lr in learners.items()},
+                                   repeats, warmup)
     return {"rows": rows, "length": length, "repeats": repeats,
             "grpo_ms": spread(times["grpo"], 2), "entr_ms": spread(times["entr"], 2),
             "ratio_entr_to_grpo": paired_ratio(times["entr"], times["grpo"]),
+            "cpu_ratio_entr_to_grpo": paired_ratio(cpu["entr"], cpu["grpo"]),
             "load_1m": spread(load, 2)}
 
 
