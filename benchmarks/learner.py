@@ -6,7 +6,12 @@ optimizer step (``learners.step.make_train_step``), reported side by side with
 * the machine's limit: achieved model FLOP/s, ``6 * N * tokens + 12 * layers * B * L^2 *
   D`` per step (dense matmuls forward + backward, Kaplan et al. 2020 arXiv 2001.08361
   Sec. 2.1, plus causal-free attention scores and values; embeddings' gather excluded from
-  N), against an f32 matmul peak measured in the same run;
+  N), against an f32 matmul peak measured in the same run: ``--steps`` (>= 10) timed
+  steps, each followed by one ``--peak-n`` (default 4096) square matmul, so the step times
+  and the peak samples are interleaved; it reports the medians with quartiles and range,
+  ``fraction_of_matmul_peak`` as the median of the per-step paired fractions, and the
+  1-minute load average sampled before every step (a peak read on a loaded machine, or
+  from a few small matmuls, moves the fraction by tens of percent with no code change);
 * google-tunix's GRPO update on the same model shape (``tunix.rl.algo_core.grpo_loss_fn``
   + ``nnx.value_and_grad`` + ``optax.adamw`` under ``nnx.jit``; the loss/update path its
   ``GRPOLearner`` trains with, without the rollout cluster), run from a separate venv
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import resource
 import subprocess
 import sys
@@ -36,18 +42,28 @@ QWEN05 = dict(architecture="qwen2", vocab_size=151936, hidden_size=896, intermed
               tie_word_embeddings=True)
 
 
-def _matmul_peak(dtype, n=2048, reps=5) -> float:
+def _matmul_peak_fn(dtype, n=4096):
+    """A timer of one jitted ``n x n`` matmul: returns its FLOP/s each call (``2 n^3`` per
+    product, after ``block_until_ready``); compiled and warmed up once here."""
     import jax
     import jax.numpy as jnp
 
-    a = jnp.ones((n, n), dtype)
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
     f = jax.jit(lambda x, y: x @ y)
     f(a, a).block_until_ready()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        out = f(a, a)
-    out.block_until_ready()
-    return 2 * n**3 * reps / (time.perf_counter() - t0)
+
+    def measure() -> float:
+        t0 = time.perf_counter()
+        f(a, a).block_until_ready()
+        return 2 * n**3 / (time.perf_counter() - t0)
+
+    return measure
+
+
+def _spread(xs: list[float]) -> dict:
+    s = sorted(xs)
+    q = lambda p: s[min(int(round(p * (len(s) - 1))), len(s) - 1)]  # noqa: E731
+    return {"median": statistics.median(s), "p25": q(0.25), "p75": q(0.75), "min": s[0], "max": s[-1]}
 
 
 def _model_flops(cfg, n_params_matmul, batch, length) -> float:
@@ -56,7 +72,8 @@ def _model_flops(cfg, n_params_matmul, batch, length) -> float:
     return 6 * n_params_matmul * tokens + attention
 
 
-def run_entr(shape: dict, *, batch: int, length: int, steps: int, dtype: str) -> dict:
+def run_entr(shape: dict, *, batch: int, length: int, steps: int, dtype: str,
+             peak_fn=None) -> dict:
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -97,11 +114,17 @@ def run_entr(shape: dict, *, batch: int, length: int, steps: int, dtype: str) ->
     state, metrics, _ = step(state, device_batch)
     jax.block_until_ready(metrics)
     compile_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    # Interleaved: step i, then (on CPU) one matmul-peak sample, so load drift hits both.
+    step_times, peaks, load = [], [], []
     for _ in range(steps):
+        load.append(os.getloadavg()[0])
+        t0 = time.perf_counter()
         state, metrics, _ = step(state, device_batch)
-    jax.block_until_ready(metrics)
-    step_s = (time.perf_counter() - t0) / steps
+        jax.block_until_ready(metrics)
+        step_times.append(time.perf_counter() - t0)
+        if peak_fn is not None:
+            peaks.append(peak_fn())
+    step_s = statistics.median(step_times)
     flops = _model_flops(cfg, n_matmul, batch, length)
     out = {
         "params": int(n_params),
@@ -109,12 +132,20 @@ def run_entr(shape: dict, *, batch: int, length: int, steps: int, dtype: str) ->
         "seq_len": length,
         "dtype": dtype,
         "first_step_s_incl_compile": round(compile_s, 3),
+        "steps": steps,
         "step_s": round(step_s, 4),
+        "step_s_spread": {k: round(v, 4) for k, v in _spread(step_times).items()},
         "tokens_per_s": round(batch * length / step_s, 1),
         "model_flops_per_step": flops,
         "achieved_flops_per_s": flops / step_s,
+        "load_1m": {k: round(v, 2) for k, v in _spread(load).items()},
         "loss_finite": bool(np.isfinite(float(metrics["loss"]))),
     }
+    if peaks:
+        out["matmul_peak_samples"] = len(peaks)
+        out["f32_matmul_peak_flops_per_s"] = _spread(peaks)
+        # Paired: step i's achieved FLOP/s over the peak sampled right after it.
+        out["fraction_of_matmul_peak"] = _spread([flops / t / p for t, p in zip(step_times, peaks)])
     stats = jax.devices()[0].memory_stats() or {}
     if "peak_bytes_in_use" in stats:
         out["peak_device_memory_gb"] = round(stats["peak_bytes_in_use"] / 2**30, 3)
@@ -196,7 +227,9 @@ def main(argv=None) -> None:
     parser.add_argument("--gpu", action="store_true")
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--seq-len", type=int, default=1024)
-    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10,
+                        help="timed steps (CPU: >= 10, each followed by one matmul-peak sample)")
+    parser.add_argument("--peak-n", type=int, default=4096, help="size of the f32 peak matmul")
     parser.add_argument("--tunix-python", default="/tmp/tunix_venv/bin/python")
     parser.add_argument("--tunix-timeout", type=int, default=900)
     parser.add_argument("--peak-tflops", type=float, default=989.0)
@@ -213,10 +246,14 @@ def main(argv=None) -> None:
         return
 
     batch = args.batch or 2
-    peak = _matmul_peak("float32")
-    entr = run_entr(SMALL, batch=batch, length=args.seq_len, steps=args.steps, dtype="f32")
+    if args.steps < 10:
+        raise SystemExit("--steps must be >= 10 on CPU: step time and matmul peak are medians "
+                         "of that many interleaved samples")
+    peak_fn = _matmul_peak_fn("float32", n=args.peak_n)
+    entr = run_entr(SMALL, batch=batch, length=args.seq_len, steps=args.steps, dtype="f32",
+                    peak_fn=peak_fn)
     entr["peak_rss_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
-    entr["fraction_of_matmul_peak"] = entr["achieved_flops_per_s"] / peak
+    peak = entr["f32_matmul_peak_flops_per_s"]["median"]
     tunix = run_tunix(args.tunix_python, SMALL, batch=batch, length=args.seq_len,
                       steps=args.steps, timeout=args.tunix_timeout)
     if tunix.get("status") == "ok":
@@ -225,6 +262,7 @@ def main(argv=None) -> None:
     print(json.dumps({
         "device": f"cpu x{jax.device_count()} ({os.cpu_count()} cores visible)",
         "f32_matmul_peak_flops_per_s": peak,
+        "f32_matmul_peak_n": args.peak_n,
         "entr_jax": entr,
         "google_tunix": tunix,
     }, indent=1))

@@ -1,21 +1,36 @@
-"""Value+grad time of every objective relative to ``grpo``, measured side by side.
+"""Value+grad cost of every objective relative to ``grpo``, measured side by side.
 
-Prints one JSON object: per objective the median wall time (ms) of a jitted
-``value_and_grad`` over ``--repeats`` calls (after warm-up, ``block_until_ready``) and its
-ratio to ``grpo`` (default config, and ``grpo_token_mean`` for an aggregation-matched
-reference of ENTR). Objectives are timed round-robin so load drift hits all equally.
+Prints one JSON object. Per objective (a jitted ``value_and_grad`` at ``[B, T]`` =
+``--batch x --length``):
+
+* ``ms``: median wall time over ``--repeats`` rounds (after ``--warmup`` calls,
+  ``block_until_ready``), with ``p25``/``p75``/``min``/``max``. Rounds are interleaved:
+  every round times each objective once, in turn, so load drift hits all equally;
+* ``ratio_to_grpo`` / ``ratio_to_grpo_token_mean``: the median of the per-round paired
+  ratios (this objective's time in round i over the reference's in round i) with its
+  ``[p25, p75]``; ``grpo_token_mean`` is ``grpo`` with ENTR's aggregation (token_mean),
+  the reference ENTR is held to;
+* ``cpu_ms`` / ``cpu_ratio_to_*``: the same for the process CPU time of each call
+  (``time.process_time``, all threads), which other processes disturb less than wall time;
+* ``load_1m``: the median 1-minute load average (``os.getloadavg``) sampled every round,
+  with its min and max: on a loaded machine wall times mean little without it;
+* ``hlo``: flops, bytes accessed and transcendentals of the compiled program
+  (``jax.jit(f).lower(...).compile().cost_analysis()``) and their ratios to the two
+  references: a load-independent measure of the work next to the wall time.
 
     python benchmarks/objectives.py --batch 64 --length 4096 --repeats 30
+    python benchmarks/objectives.py --only entr,grpo_token_mean --repeats 20   # quick
 
 ``--step`` adds the figure that matters for training: the time of a whole learner step
 (tiny model forward + backward + AdamW, `learners.learner.Learner`) with ``entr`` against
-``grpo`` (same aggregation), same batch, timed alternately.
+``grpo`` (same aggregation), same batch, timed alternately, reported the same way.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -24,6 +39,8 @@ import jax.numpy as jnp
 
 from entr_jax import objectives as obj
 from entr_jax.types import Batch
+
+REFERENCES = ("grpo", "grpo_token_mean")
 
 
 def make_batch(b: int, t: int, seed: int = 0):
@@ -43,51 +60,133 @@ def make_batch(b: int, t: int, seed: int = 0):
     return logp_mu + 0.3 * jax.random.normal(ks[5], (b, t)), batch
 
 
+def variants(only: list[str] | None = None) -> dict:
+    """``{name: objective}``: every registry objective (default config) but the ``estr``
+    alias, plus ``grpo_token_mean``; ``only`` restricts it (the references are kept)."""
+    out = {n: obj.make_objective(n) for n in obj.OBJECTIVES if n != "estr"}
+    out["grpo_token_mean"] = obj.make_objective("grpo", aggregation="token_mean")
+    if only:
+        unknown = sorted(set(only) - set(out))
+        if unknown:
+            raise SystemExit(f"--only: unknown objective(s) {unknown}; known: {sorted(out)}")
+        out = {n: f for n, f in out.items() if n in set(only) | set(REFERENCES)}
+    return out
+
+
+def hlo_cost(fn, *args) -> dict[str, float]:
+    """``flops``, ``bytes accessed`` and ``transcendentals`` of ``jax.jit(fn)`` compiled for
+    ``args`` (XLA's cost analysis of the optimized program: deterministic for a given jax
+    version, backend and shape, independent of load)."""
+    cost = jax.jit(fn).lower(*args).compile().cost_analysis()
+    if isinstance(cost, (list, tuple)):  # older jax: one dict per computation
+        cost = cost[0]
+    return {k: float(cost.get(k, 0.0)) for k in ("flops", "bytes accessed", "transcendentals")}
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    pos = q * (len(s) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def spread(xs: list[float], digits: int = 4) -> dict[str, float]:
+    """Median, quartiles and range of ``xs``."""
+    return {"median": round(statistics.median(xs), digits), "p25": round(_quantile(xs, 0.25), digits),
+            "p75": round(_quantile(xs, 0.75), digits), "min": round(min(xs), digits),
+            "max": round(max(xs), digits)}
+
+
+def paired_ratio(xs: list[float], ref: list[float]) -> dict[str, float]:
+    """Median and quartiles of the per-round ratios ``xs[i] / ref[i]``."""
+    r = [a / b for a, b in zip(xs, ref)]
+    s = spread(r)
+    return {"median": s["median"], "p25": s["p25"], "p75": s["p75"]}
+
+
+def interleaved(calls: dict, repeats: int, warmup: int) -> tuple[dict, dict, list[float]]:
+    """Times every ``calls[name]()`` once per round, in turn, for ``warmup + repeats``
+    rounds; returns, for the last ``repeats`` rounds, the wall ms and the process CPU ms
+    (``time.process_time``: every thread of this process; less sensitive to other
+    processes than wall time) per name, and the 1-minute load average sampled at the
+    start of each round."""
+    wall: dict[str, list[float]] = {n: [] for n in calls}
+    cpu: dict[str, list[float]] = {n: [] for n in calls}
+    load: list[float] = []
+    for i in range(warmup + repeats):
+        if i >= warmup:
+            load.append(os.getloadavg()[0])
+        for name, call in calls.items():
+            c0, t0 = time.process_time(), time.perf_counter()
+            call()
+            ms, cpu_ms = (time.perf_counter() - t0) * 1e3, (time.process_time() - c0) * 1e3
+            if i >= warmup:
+                wall[name].append(ms)
+                cpu[name].append(cpu_ms)
+    return wall, cpu, load
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--length", type=int, default=4096)
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--only", default="", help="comma-separated objectives (references always run)")
     p.add_argument("--step", action="store_true", help="also time whole learner steps")
     p.add_argument("--step-rows", type=int, default=16)
     p.add_argument("--step-length", type=int, default=256)
+    p.add_argument("--step-repeats", type=int, default=10)
     args = p.parse_args()
+    if args.repeats < 10 or args.step_repeats < 10:
+        raise SystemExit("--repeats and --step-repeats must be >= 10 (medians of fewer mean little under load)")
 
     logp_pi, batch = make_batch(args.batch, args.length)
-    variants = {n: obj.make_objective(n) for n in obj.OBJECTIVES if n != "estr"}
-    variants["grpo_token_mean"] = obj.make_objective("grpo", aggregation="token_mean")
-    fns = {n: jax.jit(jax.value_and_grad(f, has_aux=True)) for n, f in variants.items()}
+    objs = variants([s for s in args.only.split(",") if s])
+    grads = {n: jax.value_and_grad(f, has_aux=True) for n, f in objs.items()}
+    fns = {n: jax.jit(g) for n, g in grads.items()}
     for f in fns.values():
-        for _ in range(args.warmup):
-            jax.block_until_ready(f(logp_pi, batch))
-    times: dict[str, list[float]] = {n: [] for n in fns}
-    for _ in range(args.repeats):
-        for n, f in fns.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(f(logp_pi, batch))
-            times[n].append((time.perf_counter() - t0) * 1e3)
-    med = {n: statistics.median(v) for n, v in times.items()}
+        jax.block_until_ready(f(logp_pi, batch))
+    calls = {n: (lambda f=f: jax.block_until_ready(f(logp_pi, batch))) for n, f in fns.items()}
+    times, cpu, load = interleaved(calls, args.repeats, args.warmup)
+    cost = {n: hlo_cost(g, logp_pi, batch) for n, g in grads.items()}
+    results = {}
+    for n in fns:
+        r = {"ms": spread(times[n]), "cpu_ms": spread(cpu[n])}
+        for ref in REFERENCES:
+            r[f"ratio_to_{ref}"] = paired_ratio(times[n], times[ref])
+            r[f"cpu_ratio_to_{ref}"] = paired_ratio(cpu[n], cpu[ref])
+        r["hlo"] = dict(cost[n])
+        for ref in REFERENCES:
+            r["hlo"][f"ratio_to_{ref}"] = {k: round(v / max(cost[ref][k], 1.0), 4) for k, v in cost[n].items()}
+        results[n] = r
     out = {
         "benchmark": "objectives_value_and_grad",
         "backend": jax.default_backend(),
         "device": str(jax.devices()[0].device_kind),
+        "jax": jax.__version__,
         "shape": [args.batch, args.length],
         "repeats": args.repeats,
-        "results": {
-            n: {"ms": round(m, 4), "ratio_to_grpo": round(m / med["grpo"], 3),
-                "ratio_to_grpo_token_mean": round(m / med["grpo_token_mean"], 3)}
-            for n, m in med.items()
-        },
+        "load_1m": spread(load, 2),
+        "results": results,
     }
+    if "entr" in results:
+        out["entr_over_grpo_token_mean"] = {
+            "wall_paired_ratio": results["entr"]["ratio_to_grpo_token_mean"],
+            "cpu_paired_ratio": results["entr"]["cpu_ratio_to_grpo_token_mean"],
+            "hlo": results["entr"]["hlo"]["ratio_to_grpo_token_mean"],
+            "load_1m": out["load_1m"],
+        }
     if args.step:
         out["learner_step"] = learner_step_ratio(args.step_rows, args.step_length,
-                                                 args.repeats, args.warmup)
+                                                 args.step_repeats, args.warmup)
     print(json.dumps(out, indent=1))
 
 
 def learner_step_ratio(rows: int, length: int, repeats: int, warmup: int) -> dict:
-    """Median whole-step time with ``entr`` vs ``grpo`` (token-mean) on the tiny model."""
+    """Whole-step time with ``entr`` vs ``grpo`` (token-mean) on the tiny model, interleaved
+    (`interleaved`), with the paired ratio and the load average of the rounds."""
     import numpy as np
     from flax import nnx
 
@@ -114,18 +213,18 @@ def learner_step_ratio(rows: int, length: int, repeats: int, warmup: int) -> dic
                       objective=obj.make_objective(name, aggregation="token_mean"))
         for name in ("grpo", "entr")
     }
-    times: dict[str, list[float]] = {n: [] for n in learners}
-    for i in range(warmup + repeats):
-        for name, learner in learners.items():
-            t0 = time.perf_counter()
-            learner.train_on(trajs, adv)
-            jax.block_until_ready(learner.state.params)
-            if i >= warmup:
-                times[name].append((time.perf_counter() - t0) * 1e3)
-    med = {n: statistics.median(v) for n, v in times.items()}
-    return {"rows": rows, "length": length, "grpo_ms": round(med["grpo"], 2),
-            "entr_ms": round(med["entr"], 2),
-            "ratio_entr_to_grpo": round(med["entr"] / med["grpo"], 4)}
+
+    def call(learner):
+        learner.train_on(trajs, adv)
+        jax.block_until_ready(learner.state.params)
+
+    times, cpu, load = interleaved({n: (lambda lr=lr: call(lr)) for n, lr in learners.items()},
+                                   repeats, warmup)
+    return {"rows": rows, "length": length, "repeats": repeats,
+            "grpo_ms": spread(times["grpo"], 2), "entr_ms": spread(times["entr"], 2),
+            "ratio_entr_to_grpo": paired_ratio(times["entr"], times["grpo"]),
+            "cpu_ratio_entr_to_grpo": paired_ratio(cpu["entr"], cpu["grpo"]),
+            "load_1m": spread(load, 2)}
 
 
 if __name__ == "__main__":

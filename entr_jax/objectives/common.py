@@ -253,22 +253,61 @@ def fraction(flags: Array, mask: Array) -> Array:
     return jnp.sum(flags & mask, dtype=jnp.float32) / jnp.maximum(jnp.sum(mask, dtype=jnp.float32), 1.0)
 
 
-def base_metrics(inp: Inputs, keep: Array, clipped_low: Array | None = None, clipped_high: Array | None = None) -> Metrics:
+def count_true(flags: list[Array]) -> Array:
+    """``[k] f32``: the number of true entries of each of ``k`` same-shape bool arrays.
+
+    One stacked sum instead of ``k`` separate ones, so the compiler can build every flag
+    in one fused elementwise pass and reduce them with one reduction (on XLA:CPU each
+    separate ``jnp.sum`` materialises its own f32 temporary and runs its own reduction).
+    Counts below 2**24 per array are exact in any summation order, so the values are those
+    of ``jnp.sum(f, dtype=float32)`` for each ``f``.
+    """
+    return jnp.sum(jnp.stack(flags), axis=tuple(range(1, flags[0].ndim + 1)), dtype=jnp.float32)
+
+
+def base_metrics(
+    inp: Inputs,
+    keep: Array,
+    clipped_low: Array | None = None,
+    clipped_high: Array | None = None,
+    *,
+    means: dict[str, tuple[Array, Array]] | None = None,
+) -> Metrics:
     """Metrics shared by every objective, over this batch's loss tokens.
 
     ``mask/fraction`` is the fraction of loss tokens *rejected* (rho_mask of ESTR, section
     3.2); ``ratio_pi_mu/*`` describe ``exp(clip(logp_pi - logp_mu))``; ``clip/frac_*`` the
-    fraction of loss tokens whose gradient the PPO clip removes.
+    fraction of loss tokens whose gradient the PPO clip removes. Each equals its
+    `fraction` / `masked_mean` / `masked_max` form; every count, those of ``means``
+    included, is taken in one pass (`count_true`).
+
+    Args:
+      inp, keep: the objective's inputs and ``[B, T] bool`` kept tokens.
+      clipped_low, clipped_high: ``[B, T] bool`` from `ppo_clip_loss`, or None.
+      means: further metrics ``{key: (x, valid)}``: the mean of ``x`` over ``valid``
+        (``[B, T]`` each; 0 when ``valid`` is empty). ``valid`` must be false wherever
+        ``x`` is not finite; ``(x, mask & isfinite(x))`` gives ``masked_mean(x, mask)``.
     """
+    lm = inp.loss_mask
     r = jnp.exp(log_ratio(sg(inp.logp_pi), inp.logp_mu))
+    r_valid = lm & jnp.isfinite(r)
+    means = means or {}
+    flags = [lm, ~keep & lm, r_valid] + [valid for _, valid in means.values()]
+    if clipped_low is not None:
+        flags += [clipped_low & keep & lm, clipped_high & keep & lm]
+    counts = count_true(flags)
+    n_loss, n_rejected, n_r = counts[0], counts[1], counts[2]
+    den = jnp.maximum(n_loss, 1.0)
     m = {
-        "mask/fraction": fraction(~keep, inp.loss_mask),
-        "ratio_pi_mu/mean": masked_mean(r, inp.loss_mask),
-        "ratio_pi_mu/max": masked_max(r, inp.loss_mask),
+        "mask/fraction": n_rejected / den,
+        "ratio_pi_mu/mean": jnp.sum(jnp.where(r_valid, r, 0.0)) / jnp.maximum(n_r, 1.0),
+        "ratio_pi_mu/max": jnp.where(n_r > 0, jnp.max(jnp.where(r_valid, r, -jnp.inf)), 0.0),
     }
     if clipped_low is not None:
-        m["clip/frac_low"] = fraction(clipped_low & keep, inp.loss_mask)
-        m["clip/frac_high"] = fraction(clipped_high & keep, inp.loss_mask)
+        m["clip/frac_low"] = counts[-2] / den
+        m["clip/frac_high"] = counts[-1] / den
+    for i, (key, (x, valid)) in enumerate(means.items()):
+        m[key] = jnp.sum(jnp.where(valid, x, 0.0)) / jnp.maximum(counts[3 + i], 1.0)
     return m
 
 

@@ -138,6 +138,11 @@ def entr(logp_pi: jax.Array, batch: Any, cfg: EntrConfig) -> tuple[jax.Array, c.
     lp, lmu, adv = c.gate(keep, inp.logp_pi, inp.logp_mu, inp.advantages)
     loss_tok, lo, hi = c.ppo_clip_loss(c.ratio(lp, lmu), adv, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
     loss = c.agg(inp, loss_tok, keep, cfg, c.kept_count(inp, keep))
-    metrics = {"loss/pg": loss, **c.base_metrics(inp, keep, lo, hi)}
-    metrics["entr/score_mean"] = c.masked_mean(entr_score(delta, entropy, cfg.eps), inp.loss_mask)
+    # entr/score_mean is masked_mean(S, loss_mask). S = d**2 / max(max(H, 0) + eps, 1e-30)
+    # with |d| <= 20 is never infinite and is NaN exactly where delta or H is NaN, so its
+    # finite tokens are found without reading S, which is then used once (no [B, T]
+    # temporary), and the count joins the other metrics' single counting pass.
+    score = entr_score(delta, entropy, cfg.eps)
+    score_valid = inp.loss_mask & ~jnp.isnan(delta) & ~jnp.isnan(entropy)
+    metrics = {"loss/pg": loss, **c.base_metrics(inp, keep, lo, hi, means={"entr/score_mean": (score, score_valid)})}
     return loss, c.f32_metrics(metrics)
