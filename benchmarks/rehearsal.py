@@ -62,10 +62,12 @@ RL_STEPS = 2
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
-def job_args(model_dir: str, run_dir: str, dtype: str, mode: str = "async") -> list[str]:
+def job_args(model_dir: str, run_dir: str, dtype: str, mode: str = "async",
+             microbatches: int = 2) -> list[str]:
     """``entr-run`` arguments of the rehearsal (the ``math`` GPU preset, CPU-sized);
     ``mode``: ``staleness.mode`` (the preset's ``async``, or ``sync``: sampler and learner
-    take turns, so their compilations and buffers do not overlap)."""
+    take turns, so their compilations and buffers do not overlap); ``microbatches``:
+    ``learner.microbatches`` (1 = no gradient accumulators)."""
     return [
         "math", "--model.path", model_dir, "--run_dir", run_dir,
         "--model.dtype", dtype, "--model.param_dtype", dtype, "--model.sampler_dtype", dtype,
@@ -75,7 +77,7 @@ def job_args(model_dir: str, run_dir: str, dtype: str, mode: str = "async") -> l
         "--task.prompts_per_step", "2", "--task.samples_per_prompt", "2",
         "--task.max_new_tokens", "8", "--task.max_turns", "1", "--task.max_total_tokens", "8",
         "--task.eval_examples", "2", "--task.eval_samples", "1",
-        "--learner.microbatches", "2",
+        "--learner.microbatches", str(microbatches),
         "--sft.steps", "0", "--rl_steps", str(RL_STEPS), "--token_samples_every", "1",
         "--checkpoint.every", "1", "--checkpoint.keep", "2",
         "--staleness.mode", mode,
@@ -105,7 +107,7 @@ def write_checkpoint(path: str, shape: str) -> dict:
 
 
 def export_and_reload(model_dir: str, run_dir: str, dtype: str, export_dir: str,
-                      mode: str = "async") -> dict:
+                      mode: str = "async", microbatches: str = "2") -> dict:
     """Restore the run's newest checkpoint through the job, export it, reload, compare."""
     import jax
     import jax.numpy as jnp
@@ -116,7 +118,7 @@ def export_and_reload(model_dir: str, run_dir: str, dtype: str, export_dir: str,
     from experiments.loop import Job
     from experiments.run import parse
 
-    cfg, _ = parse(job_args(model_dir, run_dir, dtype, mode))
+    cfg, _ = parse(job_args(model_dir, run_dir, dtype, mode, int(microbatches)))
     job = Job(cfg, resume=True, show_progress=False)
     job.prepare_task()
     job.setup()
@@ -199,7 +201,8 @@ def _jsonl(path: str) -> list[dict]:
 
 
 def rehearse(dtype: str, workdir: str, shape: str, timeout: float,
-             max_rss_gib: float | None = None, mode: str = "async") -> dict:
+             max_rss_gib: float | None = None, mode: str = "async",
+             microbatches: int = 2) -> dict:
     """Steps 1-3 of the module docstring for one dtype; the JSON record."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
@@ -217,7 +220,7 @@ def rehearse(dtype: str, workdir: str, shape: str, timeout: float,
             return dict(out, ok=False, failed="write_checkpoint")
         out["checkpoint"] = json.loads(open(w["log"]).read().strip().splitlines()[-1])
     job = _child([sys.executable, "-m", "experiments.run"]
-                 + job_args(model_dir, run_dir, dtype, mode),
+                 + job_args(model_dir, run_dir, dtype, mode, microbatches),
                  env, timeout, os.path.join(workdir, f"job_{dtype}.log"), max_rss_gib)
     out["job"] = job
     if job["rc"] != 0:
@@ -250,7 +253,8 @@ def rehearse(dtype: str, workdir: str, shape: str, timeout: float,
                  "checkpoints": sorted(int(d) for d in os.listdir(os.path.join(run_dir,
                                        "checkpoints")) if d.isdigit())}
     exp = _child([sys.executable, __file__, "--export", model_dir, run_dir, dtype, export_dir,
-                  mode], env, timeout, os.path.join(workdir, f"export_{dtype}.log"), max_rss_gib)
+                  mode, str(microbatches)], env, timeout,
+                 os.path.join(workdir, f"export_{dtype}.log"), max_rss_gib)
     out["export_process"] = exp
     if exp["rc"] != 0:
         return dict(out, ok=False, failed="export",
@@ -277,10 +281,12 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per process")
     p.add_argument("--mode", default="async", choices=["async", "sync"],
                    help="staleness.mode of the job (the preset's: async)")
+    p.add_argument("--microbatches", type=int, default=2,
+                   help="learner.microbatches of the job (1: no gradient accumulators)")
     p.add_argument("--max-rss-gib", type=float, default=None,
                    help="kill a process whose resident memory passes this (shared machines)")
     p.add_argument("--write-checkpoint", metavar="DIR", help=argparse.SUPPRESS)
-    p.add_argument("--export", nargs="+", metavar="MODEL RUN DTYPE OUT [MODE]",
+    p.add_argument("--export", nargs="+", metavar="MODEL RUN DTYPE OUT [MODE MICROBATCHES]",
                    help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.write_checkpoint:  # child process
@@ -295,11 +301,12 @@ def main(argv: list[str] | None = None) -> dict | None:
                       "(benchmarks/rehearsal.py)",
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "cpu_count": os.cpu_count(), "rl_steps": RL_STEPS,
-              "entr_run_args": job_args("MODEL", "RUN", "DTYPE", args.mode), "runs": {}}
+              "entr_run_args": job_args("MODEL", "RUN", "DTYPE", args.mode, args.microbatches),
+              "runs": {}}
     try:
         for dtype in args.dtypes:
             result["runs"][dtype] = rehearse(dtype, workdir, args.shape, args.timeout,
-                                             args.max_rss_gib, args.mode)
+                                             args.max_rss_gib, args.mode, args.microbatches)
     finally:
         if not args.workdir and not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
