@@ -485,7 +485,7 @@ class Job:
         self.logger = make_logger(self.run / "tb", cfg.logging, run_dir=self.run.path,
                                   name=cfg.name, resume=book is not None, jsonl=False,
                                   purge_step=0 if book is None else book["start_step"])
-        fresh = book is None  # RL starts now: the reference policy is the current one
+        fresh = book is None
         if fresh:
             for name in ("metrics.jsonl", "timing.jsonl", "sft.jsonl"):
                 if self.run.writer:
