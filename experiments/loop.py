@@ -289,9 +289,9 @@ class Job:
             checkpoint=CheckpointManager(self.run.checkpoint_dir, max_to_keep=cfg.checkpoint.keep,
                                          log_file=self.run / "logs" / "checkpoint.log",
                                          verify=self._restore_ring),
+            params=weights,  # model.path's weights: no random init to replace
         )
-        if weights is not None:
-            self.learner.load_params(weights)
+        del weights
         self.sampler = self._make_sampler()
         self.data = PromptBatchIterator(
             self.task.train, PromptDataConfig(batch_size=cfg.task.prompts_per_step, seed=cfg.seed))

@@ -50,10 +50,14 @@ def save_ring(path: pathlib.Path, ring: ParamRing) -> dict[str, Any]:
     path.parent.mkdir(parents=True, exist_ok=True)
     flat = {f"v{v}_{i}": np.asarray(leaf)
             for v in ring.versions for i, leaf in enumerate(jax.tree.leaves(ring.get(v)))}
+    # .npy has no bfloat16: such arrays are stored as raw 2-byte records ("V2"), so the
+    # dtype names are stored too and `load_ring` views the bytes back as them
+    dtypes = np.array([str(flat[f"v{v}_{i}"].dtype) for v in ring.versions[-1:]
+                       for i in range(len(jax.tree.leaves(ring.get(v))))])
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb") as f:
-            np.savez(f, versions=np.array(ring.versions), **flat)
+            np.savez(f, versions=np.array(ring.versions), dtypes=dtypes, **flat)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -66,6 +70,16 @@ def save_ring(path: pathlib.Path, ring: ParamRing) -> dict[str, Any]:
             err.filename = str(path)
         raise
     return {"file": path.name, "bytes": path.stat().st_size, "versions": list(ring.versions)}
+
+
+def _stored_array(arr: np.ndarray, dtype_name: str | None) -> jax.Array:
+    """A ring array as saved, its raw records (bfloat16) viewed back as ``dtype_name``."""
+    if dtype_name is not None and str(arr.dtype) != dtype_name:
+        want = jnp.dtype(dtype_name)
+        if arr.dtype.kind != "V" or arr.dtype.itemsize != want.itemsize:
+            raise ValueError(f"an array of dtype {arr.dtype} where {dtype_name} was saved")
+        arr = arr.view(want)
+    return jnp.asarray(arr)
 
 
 def load_ring(path: pathlib.Path, size: int, template: Any,
@@ -90,8 +104,10 @@ def load_ring(path: pathlib.Path, size: int, template: Any,
     try:
         with np.load(path) as z:
             versions = [int(v) for v in z["versions"].tolist()]
+            names = z["dtypes"].tolist() if "dtypes" in z.files else None
             for v in versions:
-                leaves = [jnp.asarray(z[f"v{v}_{i}"]) for i in range(treedef.num_leaves)]
+                leaves = [_stored_array(z[f"v{v}_{i}"], None if names is None else names[i])
+                          for i in range(treedef.num_leaves)]
                 ring.push(v, jax.tree.unflatten(treedef, leaves))
     except Exception as err:  # noqa: BLE001 - BadZipFile, CRC, missing key, short read
         raise RingFileError(f"parameter ring {path} cannot be read "

@@ -31,7 +31,7 @@ from learners.checkpoint import CheckpointManager
 from learners.distributed import common_length, host_local, local_row_shards, shard_batch
 from learners.logging import DeferredMetrics, MetricsLogger
 from learners.optim import OptimizerConfig, make_optimizer, make_schedule
-from learners.state import TrainState, create_train_state
+from learners.state import TrainState, check_params, create_train_state
 from learners.step import make_logprob_fn, make_train_step
 
 __all__ = ["Learner", "LearnerConfig", "NonFiniteError", "NonFiniteGuard"]
@@ -142,6 +142,12 @@ class Learner:
       devices: devices of the mesh (default: all).
       ref_params: frozen reference parameters for ``logp_ref`` (same structure as the
         policy's), or None; can be set later with `set_reference`.
+      params: initial weights (the `nnx.Param` state of ``module_fn``'s module, e.g. read
+        from a Hugging Face checkpoint) instead of ``module_fn``'s random initialisation,
+        which is then never materialised (`learners.state.create_train_state`): at the
+        0.5B shape, random weights and their optimizer state cost 3x the weights' memory
+        before `load_params` could replace them. The arrays are donated when already in
+        place; do not use them afterwards.
     """
 
     def __init__(
@@ -154,11 +160,13 @@ class Learner:
         checkpoint: CheckpointManager | None = None,
         devices: Sequence[Any] | None = None,
         ref_params: Any = None,
+        params: nnx.State | None = None,
     ):
         self.config = config
         self.mesh = make_mesh(config.mesh, devices)
         self.tx = make_optimizer(config.optimizer)
-        self.state, self.shardings = create_train_state(module_fn, self.tx, self.mesh, config.seed)
+        self.state, self.shardings = create_train_state(module_fn, self.tx, self.mesh, config.seed,
+                                                        params=params)
         kw = dict(chunk_size=config.chunk_size, temperature=config.temperature,
                   top_k=config.top_k, top_p=config.top_p, min_p=config.min_p)
         schedule = make_schedule(config.optimizer)
@@ -193,7 +201,10 @@ class Learner:
     def load_params(self, params: nnx.State) -> None:
         """Start from given weights (the `nnx.Param` state of the same module, e.g. after
         a supervised warm start): placed into the parameter shardings, optimizer state
-        re-initialised; ``version`` and ``step`` keep their values."""
+        re-initialised; ``version`` and ``step`` keep their values. The current weights
+        and optimizer state are released first, so two train states never coexist."""
+        check_params(self.state.params, params)
+        self.state = self.state.replace(params=None, opt_state=None)
         params = jax.device_put(params, self.shardings.params)
         opt_state = jax.jit(self.tx.init, out_shardings=self.shardings.opt_state)(params)
         self.state = self.state.replace(params=params, opt_state=opt_state)

@@ -19,7 +19,8 @@ from jax.sharding import Mesh
 
 from entr_jax.sharding import replicated, state_shardings
 
-__all__ = ["TrainState", "abstract_train_state", "create_train_state", "train_state_shardings"]
+__all__ = ["TrainState", "abstract_train_state", "check_params", "create_train_state",
+           "train_state_shardings"]
 
 
 @struct.dataclass
@@ -101,21 +102,72 @@ def train_state_shardings(abstract_state: TrainState, mesh: Mesh) -> TrainState:
     )
 
 
+def check_params(abstract: nnx.State, params: nnx.State) -> None:
+    """``params`` must have the parameter paths and shapes of ``abstract`` (arrays or
+    shape structs).
+
+    Raises:
+      ValueError: a missing or unexpected parameter, or a shape that differs (named).
+    """
+    want = dict(nnx.to_flat_state(abstract))
+    got = dict(nnx.to_flat_state(params))
+    if set(want) != set(got):
+        missing = sorted(".".join(map(str, p)) for p in set(want) - set(got))
+        extra = sorted(".".join(map(str, p)) for p in set(got) - set(want))
+        raise ValueError(f"initial params do not match the module: missing {missing[:4]}, "
+                         f"unexpected {extra[:4]}")
+    for path, var in want.items():
+        shape, expected = _shape(got[path]), _shape(var)
+        if shape != expected:
+            raise ValueError(f"initial param {'.'.join(map(str, path))} has shape {shape}, "
+                             f"the module's is {expected}")
+
+
+def _shape(leaf) -> tuple[int, ...]:
+    value = leaf.get_value() if hasattr(leaf, "get_value") else leaf
+    return tuple(value.shape)
+
+
 def create_train_state(
     module_fn: Callable[[], nnx.Module],
     tx: optax.GradientTransformation,
     mesh: Mesh,
     seed: int = 0,
+    params: nnx.State | None = None,
 ) -> tuple[TrainState, TrainState]:
     """Initialise the train state directly in its shardings.
 
     The module is built inside a jit whose ``out_shardings`` are the target shardings, so
     no device ever holds an unsharded copy of the parameters.
 
+    Args:
+      params: initial weights (the `nnx.Param` state of ``module_fn``'s module, e.g. read
+        from a checkpoint), used instead of the random initialisation, which is then never
+        materialised (XLA drops it); cast to the module's parameter dtypes and placed into
+        the parameter shardings. The caller's arrays are donated when they already are in
+        those shardings and dtypes (do not use them afterwards). None: random init.
+
     Returns:
       ``(state, shardings)``: the state and the matching tree of `NamedSharding`s.
+
+    Raises:
+      ValueError: ``params`` lacks a parameter of the module, has an extra one, or a shape
+        differs (the message names it).
     """
     abstract = abstract_train_state(module_fn, tx, seed)
     shardings = train_state_shardings(abstract, mesh)
-    state = jax.jit(lambda: _build(module_fn(), tx, seed), out_shardings=shardings)()
+    if params is None:
+        state = jax.jit(lambda: _build(module_fn(), tx, seed), out_shardings=shardings)()
+        return state, shardings
+    check_params(abstract.params, params)
+    params = jax.device_put(params, shardings.params)
+
+    def build(initial):
+        graphdef, _, other = _split(module_fn())  # its random params are dead code
+        initial = jax.tree.map(lambda x, a: x.astype(a.dtype), initial, abstract.params)
+        return TrainState(graphdef=graphdef, params=initial, other=other,
+                          opt_state=tx.init(initial), version=jnp.zeros((), jnp.int32),
+                          step=jnp.zeros((), jnp.int32), rng=jax.random.PRNGKey(seed))
+
+    state = jax.jit(build, out_shardings=shardings, donate_argnums=0)(params)
     return state, shardings

@@ -103,6 +103,26 @@ def test_ring_round_trip_and_record(tmp_path):
     np.testing.assert_array_equal(ring.get(3)["b"], np.ones(3))
 
 
+def test_bfloat16_ring_round_trips_bit_for_bit(tmp_path):
+    # .npy has no bfloat16 (it stores raw "V2" records): a bf16 policy's ring could not be
+    # read back, so every checkpoint of a bf16 run was refused on resume (found by the
+    # full-size rehearsal, benchmarks/rehearsal.py)
+    w = jnp.array([[1.0, -2.5, 3.0e-3], [65504.0, 1.0e-20, -0.0]], jnp.bfloat16)
+    ring = ParamRing(2)
+    ring.push(3, {"w": w, "b": jnp.array([0.5, 7.0, -1.0], jnp.float32)})
+    ring.push(4, {"w": w + jnp.bfloat16(1), "b": jnp.zeros(3, jnp.float32)})
+    path = tmp_path / "4.npz"
+    record = state_io.save_ring(path, ring)
+    back = state_io.load_ring(path, 2, template={"w": 0, "b": 0}, expect=record)
+    assert back.versions == [3, 4]
+    for v in (3, 4):
+        assert back.get(v)["w"].dtype == jnp.bfloat16 and back.get(v)["b"].dtype == jnp.float32
+        np.testing.assert_array_equal(np.asarray(back.get(v)["w"]).view(np.uint16),
+                                      np.asarray(ring.get(v)["w"]).view(np.uint16))
+        np.testing.assert_array_equal(back.get(v)["b"], ring.get(v)["b"])
+    assert float(back.get(4)["w"][0, 1]) == -1.5
+
+
 def test_ring_write_on_a_full_disk_leaves_no_partial_file(tmp_path, monkeypatch):
     path = tmp_path / "ring" / "4.npz"
 
