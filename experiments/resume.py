@@ -2,8 +2,9 @@
 and say what happens.
 
 ``--resume`` continues the run in ``run_dir`` only with the configuration it was started
-with. Fields that cannot change the results (`RESULT_NEUTRAL_FIELDS`: where files go,
-how often and how many checkpoints are kept, diagnostics) may differ; any other
+with. Fields that cannot change the results (`RESULT_NEUTRAL_FIELDS` and
+`RESULT_NEUTRAL_SECTIONS`: where files go, how often and how many checkpoints are kept,
+diagnostics, W&B logging) may differ; any other
 difference refuses the resume, listing every differing field as ``old -> new``, unless
 ``--resume-override`` is given: then the run continues with the new values and the
 change is appended to ``resume_overrides.jsonl`` in the run directory (with the step it
@@ -23,7 +24,7 @@ from typing import Any, Literal
 from experiments.errors import ResumeRefused
 from experiments.rundir import RunDir
 
-__all__ = ["RESULT_NEUTRAL_FIELDS", "Change", "ResumePlan", "announce", "config_changes",
+__all__ = ["RESULT_NEUTRAL_FIELDS", "RESULT_NEUTRAL_SECTIONS", "Change", "ResumePlan", "announce", "config_changes",
            "plan_resume", "record_changes", "say"]
 
 # Dotted config fields that cannot change what a run computes. Everything else that
@@ -38,7 +39,10 @@ RESULT_NEUTRAL_FIELDS: frozenset[str] = frozenset({
     "sampler.export_dir",     # where SGLang weight exports are written
     "sampler.api_key",        # credentials of the SGLang fleet
     "sampler.server_urls",    # which hosts serve the fleet (same weights, same requests)
+    "verifier.num_workers",   # how many processes check answers (same answers, same scores)
 })
+# Sections whose every field is result-neutral: where metrics are also sent (W&B).
+RESULT_NEUTRAL_SECTIONS: tuple[str, ...] = ("logging.",)
 
 _MISSING = "<absent>"
 _SHOWN = 10  # differing fields spelled out in a refusal
@@ -55,7 +59,8 @@ class Change:
 
     @property
     def neutral(self) -> bool:
-        return self.field in RESULT_NEUTRAL_FIELDS
+        return (self.field in RESULT_NEUTRAL_FIELDS
+                or self.field.startswith(RESULT_NEUTRAL_SECTIONS))
 
     def __str__(self) -> str:
         return f"{self.field}: {json.dumps(self.old)} -> {json.dumps(self.new)}"

@@ -137,7 +137,11 @@ def test_wandb_run_has_the_metrics_of_metrics_jsonl(reference):
     rows, config = read_run(record["path"])
     assert config["objective"]["name"] == "entr" and config["rl_steps"] == 4
     jsonl = metrics(run_dir)
-    assert sorted(rows) == [r["step"] for r in jsonl] == [0, 1, 2, 3]
+    assert [r["step"] for r in jsonl] == [0, 1, 2, 3]
+    # plus the evaluation after RL, logged at the final policy version (4) as in TensorBoard
+    assert sorted(rows) == [0, 1, 2, 3, 4]
+    evaluated = [k for k in rows[4] if not k.startswith("_")]
+    assert evaluated and all(k.startswith("eval/after_rl/arithmetic/") for k in evaluated), evaluated
     for r in jsonl:
         row = rows[r["step"]]
         assert (row["version"], row["train/version"]) == (r["version"], r["version"] + 1)

@@ -213,6 +213,13 @@ def test_config_changes_are_dotted_and_classified():
     assert [str(c) for c in changes] == ['checkpoint.keep: 2 -> 3', 'extra.field: "<absent>" -> 1',
                                          'name: "a" -> "b"', 'objective.name: "entr" -> "grpo"']
     assert [c.neutral for c in changes] == [True, False, True, False]
+    # W&B logging is neutral as a section; a field merely named like it is not
+    logging = resume.config_changes({"logging": {"wandb": True, "wandb_mode": "offline"},
+                                     "loggingx": 1},
+                                    {"logging": {"wandb": False, "wandb_mode": "online"},
+                                     "loggingx": 2})
+    assert [(c.field, c.neutral) for c in logging] == [
+        ("logging.wandb", True), ("logging.wandb_mode", True), ("loggingx", False)]
 
 
 def test_plan_resume_fresh_continue_refuse_finished(tmp_path):
