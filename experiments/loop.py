@@ -486,13 +486,14 @@ class Job:
             return None
         queue = items["queue_state"]
         book = queue["book"]
-        self.data.set_state(mp.own(items["data_state"], "data_state"))
+        data_state = mp.own(items["data_state"], "data_state")
+        self.data.set_state(data_state)
         state_io.load_delay_line(self.line, mp.own(queue["delay_line"], "delay_line"))
         self.ring = items["verified"]
         for name in ("metrics.jsonl", "timing.jsonl"):
             self.run.truncate_jsonl(name, book["start_step"])
         resume_policy.announce(self.run, self.plan, book["start_step"], items["path"],
-                               items["data_state"]["batch_index"])
+                               data_state["batch_index"])
         return book
 
     # ------------------------------------------------------------------ main
