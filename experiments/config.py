@@ -18,6 +18,7 @@ from entr_jax.sharding import MeshConfig
 from entr_jax.staleness import StalenessConfig
 from learners.logging import LoggingConfig
 from entr_jax.tasks.rewards import VerifierConfig
+from experiments.errors import ConfigError
 from learners.optim import OptimizerConfig
 
 _ALIASES = {"estr"}  # registry aliases, not separate config sections
@@ -445,3 +446,32 @@ class RunConfig:
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True, default=str)
+
+    def with_saved(self, saved: dict[str, Any]) -> "RunConfig":
+        """This config with the values of a saved ``config.json`` (`to_json`'s dict): the
+        run's own configuration, rebuilt on this config's typed structure (nested sections
+        recursively, JSON lists back to tuples); fields the file lacks (added since) keep
+        this config's values. Validation runs again.
+
+        Raises:
+          ConfigError: a saved field this version does not have (named, dotted).
+        """
+        return _with_saved(self, saved, "")
+
+
+def _with_saved(current: Any, saved: dict[str, Any], prefix: str) -> Any:
+    names = {f.name for f in dataclasses.fields(current)}
+    unknown = sorted(set(saved) - names)
+    if unknown:
+        raise ConfigError("the saved config.json has field(s) this version does not know: "
+                          + ", ".join(prefix + k for k in unknown))
+    changes = {}
+    for name, value in saved.items():
+        now = getattr(current, name)
+        if dataclasses.is_dataclass(now) and isinstance(value, dict):
+            changes[name] = _with_saved(now, value, f"{prefix}{name}.")
+        elif isinstance(now, tuple) and isinstance(value, list):
+            changes[name] = tuple(value)
+        else:
+            changes[name] = value
+    return dataclasses.replace(current, **changes)

@@ -112,8 +112,14 @@ def read_model_config(model_dir: str | os.PathLike) -> ModelConfig:
     """
     file = pathlib.Path(model_dir) / "config.json"
     if not pathlib.Path(model_dir).is_dir():
+        hint = ""
+        if pathlib.Path(model_dir).name == "sft_model":  # a run's exported warm start
+            run = pathlib.Path(model_dir).parent
+            hint = (f"; it is the warm start a run exports: make it with `entr-run PRESET "
+                    f"--run_dir {run} --rl_steps 0` (the CPU sweeps read runs/sft_base from "
+                    "quickstart, the stress sweeps runs/stress_sft from stress)")
         raise ConfigError(f"model.path {str(model_dir)!r} is not a directory (a local Hugging "
-                          "Face checkpoint: config.json, safetensors, tokenizer files)")
+                          f"Face checkpoint: config.json, safetensors, tokenizer files){hint}")
     if not file.is_file():
         raise ConfigError(f"model.path {str(model_dir)!r} has no config.json")
     try:

@@ -110,10 +110,24 @@ def parse(argv: list[str] | None = None) -> tuple[RunConfig, CliOptions]:
         raise ConfigError(f"the first argument must be a preset ({names}), got {got}")
     name = argv[0]
     description, default = PRESETS[name]
-    cfg = tyro.cli(type(default), default=default, args=argv[1:], prog=f"entr-run {name}",
-                   description=description + " Run switches (not fields): --resume, "
-                   "--resume-override, --debug; see `entr-run --help`.",
-                   use_underscores=True)
+
+    def cli(base: RunConfig) -> RunConfig:
+        return tyro.cli(type(base), default=base, args=argv[1:], prog=f"entr-run {name}",
+                        description=description + " Run switches (not fields): --resume, "
+                        "--resume-override, --debug; see `entr-run --help`.",
+                        use_underscores=True)
+
+    cfg = cli(default)
+    if opts.resume:  # the run's own configuration, with only the fields given here changed
+        saved = os.path.join(cfg.run_dir or f"runs/{cfg.name}", "config.json")
+        if os.path.isfile(saved):
+            try:
+                with open(saved, encoding="utf-8") as f:
+                    saved_cfg = default.with_saved(json.load(f))
+            except (OSError, ValueError) as err:
+                raise ConfigError(f"cannot resume from {saved}: {err}") from None
+            default = saved_cfg
+            cfg = cli(saved_cfg)
     if name in REQUIRES_MODEL_PATH and not cfg.model.path:
         raise ConfigError(f"preset {name!r} needs model.path (--model.path DIR, a local "
                           "Hugging Face checkpoint directory)")

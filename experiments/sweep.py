@@ -2,7 +2,7 @@
 
 A sweep spec is a TOML file::
 
-    preset = "cpu_staleness"          # a preset of experiments.configs
+    preset = "quickstart"             # a preset of experiments.configs
     seeds = [0, 1]
     [[grid]]                          # one or more grids; their runs are unioned
     "objective.name" = ["entr", "grpo"]

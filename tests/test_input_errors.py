@@ -321,3 +321,48 @@ def test_prompt_plus_response_budget_over_the_model_context(capsys, tmp_path):
         else:
             with pytest.raises(ConfigError, match=f"plus the longest train prompt \\({n} tokens"):
                 preflight.check_task(cfg, task, tok, model, max_prompt_len=4096)
+
+
+def test_resume_reads_the_runs_own_configuration(tmp_path, capsys):
+    """``--resume`` with only ``--run_dir`` rebuilds the saved configuration (no need to
+    retype the run's overrides); a flag given with it changes just that field; a saved
+    field this version does not know is named."""
+    import dataclasses
+    import json
+
+    from experiments.configs import QUICKSTART
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    started = dataclasses.replace(
+        QUICKSTART, run_dir=str(run_dir), rl_steps=6,
+        sft=dataclasses.replace(QUICKSTART.sft, steps=5),
+        task=dataclasses.replace(QUICKSTART.task, eval_examples=4, eval_samples=2))
+    (run_dir / "config.json").write_text(started.to_json())
+    cfg, opts = cli.parse(["quickstart", "--run_dir", str(run_dir), "--resume"])
+    assert opts.resume and cfg == started
+    assert (cfg.rl_steps, cfg.sft.steps, cfg.task.eval_examples) == (6, 5, 4)
+    cfg, _ = cli.parse(["quickstart", "--run_dir", str(run_dir), "--resume", "--rl_steps", "9"])
+    assert cfg == dataclasses.replace(started, rl_steps=9)
+    # without --resume the preset is the base, whatever the directory holds
+    cfg, _ = cli.parse(["quickstart", "--run_dir", str(run_dir)])
+    assert (cfg.rl_steps, cfg.sft.steps) == (QUICKSTART.rl_steps, QUICKSTART.sft.steps)
+    saved = json.loads(started.to_json())
+    saved["task"]["gone_field"] = 1
+    (run_dir / "config.json").write_text(json.dumps(saved))
+    code, err = call(["quickstart", "--run_dir", str(run_dir), "--resume"], capsys)
+    assert code == 2
+    assert ("cannot resume from " + str(run_dir / "config.json") + ": the saved config.json "
+            "has field(s) this version does not know: task.gone_field") in err
+
+
+def test_missing_warm_start_says_how_to_make_it(capsys, tmp_path):
+    missing = tmp_path / "runs" / "sft_base" / "sft_model"
+    code, err = call(["quickstart", "--run_dir", str(tmp_path / "run"), "--model.path",
+                      str(missing)], capsys)
+    assert code == 2
+    assert err == (f"entr-run: error: model.path {str(missing)!r} is not a directory (a local "
+                   "Hugging Face checkpoint: config.json, safetensors, tokenizer files); it is "
+                   "the warm start a run exports: make it with `entr-run PRESET --run_dir "
+                   f"{missing.parent} --rl_steps 0` (the CPU sweeps read runs/sft_base from "
+                   "quickstart, the stress sweeps runs/stress_sft from stress)")
