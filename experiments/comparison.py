@@ -246,7 +246,12 @@ def check_runs(spec: dict[str, Any], runs: Iterable[Any],
     """Checks runs (`experiments.sweep.SweepRun` of a comparison spec) against their base.
 
     ``configs`` maps run names to their written ``config.json`` (the truth of a run that
-    has started); other runs are resolved from their overrides."""
+    has started); other runs are resolved from their overrides. A written config that
+    predates a field (runs stored before the field was added) is read onto the preset
+    (`RunConfig.with_saved`), so that field takes the preset's value for every method
+    alike instead of showing as a difference: the runs of one sweep ran the same code."""
+    from experiments.configs import PRESETS
+
     base, methods = parse_methods(spec)
     by_label = {m.label: m for m in methods}
     out = []
@@ -255,6 +260,8 @@ def check_runs(spec: dict[str, Any], runs: Iterable[Any],
         mine = set(method_overrides(base, method)) | {"seed"}
         shared = {k: v for k, v in run.overrides.items() if k not in mine}
         config = (configs or {}).get(run.name) or resolve(spec["preset"], run.overrides)
+        if isinstance(config, dict) and spec["preset"] in PRESETS:
+            config = PRESETS[spec["preset"]][1].with_saved(config)
         diff = base_diff(effective_fields(config), base_fields(spec["preset"], base, shared))
         allowed = method.allowed(base)
         out.append(RunCheck(run.name, method.label, diff, sorted(set(diff) - allowed)))

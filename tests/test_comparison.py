@@ -171,3 +171,25 @@ def test_summary_reports_differences_from_the_base_per_method(tmp_path, capsys):
     bad.write_text(json.dumps(cfg))
     sweep.main(["summarize", str(out)])
     assert "optim.learning_rate = 0.5 (base 0.0001)  UNDECLARED" in capsys.readouterr().out
+
+
+def test_stored_configs_that_predate_a_field_are_not_a_difference(tmp_path):
+    """Runs written before a config field existed (their config.json lacks it) compare on
+    the preset's value; a stored value that really differs is still refused."""
+    spec = _spec(tmp_path)
+    runs = [r for r in sweep.expand(spec, tmp_path / "out")
+            if r.overrides["name"] in ("entr", "grpo")]
+    stored = {}
+    for r in runs:
+        config = json.loads(comparison.resolve("stress", r.overrides).to_json())
+        del config["sampler"]["min_prompt_bucket"]  # written before the field existed
+        stored[r.name] = config
+    checks = comparison.check_runs(spec, runs, stored)
+    assert all(c.violations == [] for c in checks)
+    assert all("sampler.min_prompt_bucket" not in c.diff for c in checks)
+    changed = dict(stored)
+    name = runs[0].name
+    changed[name] = json.loads(json.dumps(stored[name]))
+    changed[name]["optim"]["weight_decay"] = 0.5
+    bad = {c.run: c.violations for c in comparison.check_runs(spec, runs, changed)}
+    assert bad[name] == ["optim.weight_decay"]
