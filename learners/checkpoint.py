@@ -31,6 +31,8 @@ warning: "may cause a deadlock"), which hung 2-process CPU runs at their first s
 
 from __future__ import annotations
 
+import contextlib
+
 import time
 import traceback
 import warnings
@@ -260,12 +262,12 @@ class CheckpointManager:
     def _log(self, text: str) -> None:
         if jax.process_index() != 0:
             return
-        try:
+        # an unwritable log loses only the detail: the one-line warning/error that goes
+        # with it still says what failed and where
+        with contextlib.suppress(OSError):
             self.log_file.parent.mkdir(parents=True, exist_ok=True)
             with open(self.log_file, "a", encoding="utf-8") as f:
                 f.write(f"[{time.strftime('%Y-%m-%dT%H:%M:%S%z')}] {text.rstrip()}\n")
-        except OSError:
-            pass  # the one-line warning/error still says what failed
 
     def wait(self) -> None:
         """Block until any asynchronous save has finished (and raise its error, if any)."""

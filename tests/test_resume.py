@@ -6,9 +6,10 @@ damaged, TensorBoard purge and eval/SFT curves (the SFT one is slow)."""
 import json
 import re
 import shutil
-import struct
 
 import pytest
+
+from tests.tb_events import read_events
 from flax import nnx
 
 from entr_jax.assets import tiny_dir
@@ -131,14 +132,7 @@ def test_override_continues_and_records_the_change(finished, model_dir, tmp_path
 
 
 def _events(path):
-    from tensorboardX.proto.event_pb2 import Event
-
-    data, out, i = path.read_bytes(), [], 0
-    while i < len(data):
-        (n,) = struct.unpack("<Q", data[i:i + 8])
-        out.append(Event.FromString(data[i + 12:i + 12 + n]))
-        i += 12 + n + 4
-    return out
+    return read_events(path)
 
 
 def _scalars(tb_dir):

@@ -5,11 +5,12 @@ the resume policy's decisions, sweep failure reports."""
 import errno
 import json
 import os
-import struct
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+from tests.tb_events import read_events
 
 from entr_jax.staleness import ParamRing
 from experiments import jsonl, resume, state_io, sweep
@@ -170,15 +171,7 @@ def test_prune_keeps_checkpoint_rings_and_removes_temporaries(tmp_path):
 # ---------------------------------------------------------------- TensorBoard
 
 def _events(path):
-    """Every `Event` of a tensorboard events file (TFRecord framing)."""
-    from tensorboardX.proto.event_pb2 import Event
-
-    data, out, i = path.read_bytes(), [], 0
-    while i < len(data):
-        (n,) = struct.unpack("<Q", data[i:i + 8])
-        out.append(Event.FromString(data[i + 12:i + 12 + n]))
-        i += 12 + n + 4
-    return out
+    return read_events(path)
 
 
 def test_a_resumed_logger_purges_the_steps_it_rewrites(tmp_path):
