@@ -67,8 +67,14 @@ def _spread(xs: list[float]) -> dict:
 
 
 def _model_flops(cfg, n_params_matmul, batch, length) -> float:
+    """Useful FLOPs of one forward + backward (the usual 3x forward) at ``batch`` x ``length``:
+    ``6 N`` per token for the weight matmuls (N includes the tied unembedding) plus causal
+    attention, whose scores and value mix touch only the ``L (L + 1) / 2`` (query, key)
+    pairs with key <= query: ``3 x 2 matmuls x 2 FLOPs x h x d_head`` per pair and layer.
+    (Counting the full ``L^2`` would credit the blocked causal kernel with work it skips.)"""
     tokens = batch * length
-    attention = 12 * cfg.num_layers * batch * length**2 * cfg.num_heads * cfg.head_dim
+    pairs = batch * length * (length + 1) // 2
+    attention = 12 * cfg.num_layers * pairs * cfg.num_heads * cfg.head_dim
     return 6 * n_params_matmul * tokens + attention
 
 

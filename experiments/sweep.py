@@ -16,8 +16,11 @@ A sweep spec is a TOML file::
 Every run is ``python -m experiments.run PRESET --run_dir DIR --seed S --field value ...``
 (the same overrides the CLI takes). A ``[fixed]`` staleness field is passed only to the
 runs whose ``staleness.mode`` reads it (`experiments.config.STALENESS_FIELD_MODES`: e.g.
-``staleness.inter_lag`` is not passed to a ``sync`` run, which the CLI would refuse); a
-grid point names its fields explicitly and gets them all. ``run`` executes the runs on this machine with N
+``staleness.inter_lag`` is not passed to a ``sync`` run, which the CLI would refuse). A
+grid point that names ``staleness.mode`` itself gets every field it names (a contradiction
+is the CLI's error to report); otherwise the staleness fields its mode (from a comparison
+method, ``[fixed]`` or the preset) does not read are dropped from that run and its name,
+so a sync baseline in a lag grid runs once per remaining setting. ``run`` executes the runs on this machine with N
 worker processes, skipping finished runs (``summary.json`` exists) and resuming
 interrupted ones (``--resume`` when a checkpoint exists) and reporting a failed run with
 the last error line of its log (``<run_dir>/sweep.log``); ``emit`` writes one command per
@@ -128,7 +131,6 @@ def expand(spec: dict[str, Any], out_dir: str | pathlib.Path) -> list[SweepRun]:
     """All runs of a spec, deduplicated, in a stable order. Fixed staleness fields the
     run's mode does not read are left out (see the module docstring)."""
     out_dir = pathlib.Path(out_dir)
-    staleness_fixed = any(k.startswith("staleness.") for k in spec["fixed"])
     runs: dict[str, SweepRun] = {}
     methods = comparison.method_points(spec)  # [("", {})] without a [comparison] table
     for grid in spec["grid"]:
@@ -137,13 +139,17 @@ def expand(spec: dict[str, Any], out_dir: str | pathlib.Path) -> list[SweepRun]:
             for label, method in methods:
                 for seed in spec["seeds"]:
                     point = dict(zip(keys, values))
+                    if "staleness.mode" not in point:
+                        # a method's mode (e.g. grpo_sync) does not read the grid's lag
+                        # fields: they leave its overrides and its name, so the baseline
+                        # runs once per remaining setting instead of once per lag
+                        reads = _mode_reads(spec, {**method, **point})
+                        point = {k: v for k, v in point.items() if reads(k)}
                     slugs = [label] if label else []
                     name = "_".join(slugs + [_slug(k, v) for k, v in point.items()]
                                     + [f"seed={seed}"])
-                    fixed = spec["fixed"]
-                    if staleness_fixed:
-                        reads = _mode_reads(spec, {**method, **point})
-                        fixed = {k: v for k, v in fixed.items() if reads(k)}
+                    reads = _mode_reads(spec, {**method, **point})
+                    fixed = {k: v for k, v in spec["fixed"].items() if reads(k)}
                     overrides = {**fixed, **method, **point, "seed": seed}
                     runs.setdefault(name, SweepRun(name, out_dir / name, overrides))
     return list(runs.values())
