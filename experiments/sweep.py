@@ -32,6 +32,7 @@ Usage::
     python -m experiments.sweep run   SPEC.toml --out runs/sweep --workers 2
     python -m experiments.sweep emit  SPEC.toml --out runs/sweep > commands.txt
     python -m experiments.sweep summarize runs/sweep
+    python -m experiments.sweep run   SPEC.toml --out runs/sweep --only 'lag=30_.*seed' # a slice
 
 A method comparison adds a ``[comparison]`` table (one shared objective base, each
 method's own parameters and declared differences; `experiments.comparison`): its methods
@@ -47,6 +48,7 @@ import dataclasses
 import itertools
 import json
 import pathlib
+import re
 import shlex
 import subprocess
 import sys
@@ -164,9 +166,31 @@ def has_checkpoint(run: SweepRun) -> bool:
     return ckpt.is_dir() and any(p.name.isdigit() for p in ckpt.iterdir())
 
 
-def run_local(spec: dict[str, Any], out_dir: str | pathlib.Path, workers: int = 1) -> list[dict]:
-    """Run every unfinished run with ``workers`` processes; returns one record per run."""
-    runs = expand(spec, out_dir)
+def select(runs: list[SweepRun], only: str | None) -> list[SweepRun]:
+    """The runs whose name matches the regular expression ``only`` (``re.search``; None =
+    all): one slice of a sweep, e.g. one setting of a grid over every seed.
+
+    Raises:
+      ValueError: ``only`` is not a valid regular expression, or it matches no run.
+    """
+    if only is None:
+        return runs
+    try:
+        pattern = re.compile(only)
+    except re.error as err:
+        raise ValueError(f"--only {only!r} is not a regular expression: {err}") from None
+    chosen = [r for r in runs if pattern.search(r.name)]
+    if not chosen:
+        raise ValueError(f"--only {only!r} matches none of the {len(runs)} run names, e.g. "
+                         f"{runs[0].name if runs else '(none)'}")
+    return chosen
+
+
+def run_local(spec: dict[str, Any], out_dir: str | pathlib.Path, workers: int = 1,
+              only: str | None = None) -> list[dict]:
+    """Run every unfinished run (of the ``only`` slice, see `select`) with ``workers``
+    processes; returns one record per run."""
+    runs = select(expand(spec, out_dir), only)
     pending = [r for r in runs if not is_finished(r)]
     records = [{"name": r.name, "status": "skipped (finished)"} for r in runs if is_finished(r)]
 
@@ -202,9 +226,10 @@ def last_error_line(log_path: str | pathlib.Path) -> str:
     return plain[-1] if plain else "(empty log)"
 
 
-def emit(spec: dict[str, Any], out_dir: str | pathlib.Path) -> list[str]:
-    """One shell command per run (resuming is the job's own ``--resume`` flag)."""
-    return [shlex.join(r.command(spec["preset"])) for r in expand(spec, out_dir)]
+def emit(spec: dict[str, Any], out_dir: str | pathlib.Path, only: str | None = None) -> list[str]:
+    """One shell command per run of the ``only`` slice (see `select`; resuming is the job's
+    own ``--resume`` flag)."""
+    return [shlex.join(r.command(spec["preset"])) for r in select(expand(spec, out_dir), only)]
 
 
 SUMMARY_COLUMNS = (
@@ -246,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name)
         p.add_argument("spec")
         p.add_argument("--out", required=True)
+        p.add_argument("--only", metavar="REGEX", default=None,
+                       help="only the runs whose name matches REGEX (re.search)")
         if name == "run":
             p.add_argument("--workers", type=int, default=1)
     p = sub.add_parser("summarize")
@@ -258,14 +285,19 @@ def main(argv: list[str] | None = None) -> int:
             print(report)
         return 0
     spec = load_spec(args.spec)
+    try:
+        select(expand(spec, args.out), args.only)
+    except ValueError as err:
+        print(f"sweep: error: {err}", file=sys.stderr)
+        return 2
     if "comparison" in spec:
         comparison.verify(spec, expand(spec, args.out))
         if args.cmd == "run":
             comparison.write_spec(spec, args.out)
     if args.cmd == "emit":
-        print("\n".join(emit(spec, args.out)))
+        print("\n".join(emit(spec, args.out, args.only)))
         return 0
-    records = run_local(spec, args.out, args.workers)
+    records = run_local(spec, args.out, args.workers, args.only)
     for rec in records:
         print(json.dumps(rec))
     print(format_table(summarize(args.out)))

@@ -117,3 +117,21 @@ def test_every_shipped_spec_emits_commands_the_cli_accepts(path, tmp_path):
         assert cfg.seed == run.overrides["seed"] and cfg.run_dir == str(run.run_dir)
         if cfg.staleness.mode == "sync":
             assert not any(a.startswith("--staleness.inter_lag") for a in argv), run.name
+
+
+def test_only_runs_the_slice_whose_names_match(spec, tmp_path, monkeypatch, capsys):
+    seen = []
+
+    class Done:
+        returncode = 0
+
+    monkeypatch.setattr(sweep.subprocess, "run", lambda cmd, **k: seen.append(cmd) or Done())
+    sweep.run_local(spec, tmp_path / "out", workers=1, only=r"inter_lag=5_")
+    assert len(seen) == 4 and all(c[c.index("--staleness.inter_lag") + 1] == "5" for c in seen)
+    assert len(sweep.emit(spec, tmp_path / "out", only="seed=1$")) == 5
+    with pytest.raises(ValueError, match="matches none of the 10 run names"):
+        sweep.select(sweep.expand(spec, tmp_path / "out"), "inter_lag=99")
+    spec_path = tmp_path / "spec.toml"
+    spec_path.write_text('preset = "cpu_staleness"\nseeds = [0]\n[[grid]]\nrl_steps = [1]\n')
+    assert sweep.main(["emit", str(spec_path), "--out", str(tmp_path), "--only", "("]) == 2
+    assert "--only '(' is not a regular expression" in capsys.readouterr().err
