@@ -6,6 +6,10 @@
 * `experiments.analysis.stats`: across-seed means with 95% t intervals per method
   (`mean_ci`, `method_table`) and paired gaps between two methods (`paired_gap`,
   `excludes_zero`).
+* `experiments.analysis.regime`: the stress-regime search table, each stale setting against
+  the sync baseline at the same learning rate, mismatch and run length, with the paired
+  gap's 95% interval and collapse indicators (`regime_rows`, `format_rows`; also
+  ``python -m experiments.analysis.regime RUN_DIR``).
 * `experiments.analysis.tokens`: the ratio-vs-entropy analysis of ESTR (arXiv 2607.22186,
   section 3.1) on stored token samples (`load_tokens`, `bin_by_entropy`, `wls_fit`,
   `fit_bins`, `bootstrap_slope`, `off_mode_outliers`) and where the gates cut

@@ -1,0 +1,134 @@
+"""The stress-regime search table (issue 12, section 4): for every setting of a sweep,
+the staleness-free baseline (``staleness.mode = sync``) against each stale method at the
+same learning rate, sampler mismatch and run length, over seeds.
+
+A *setting* is ``(learning rate, logit noise std, rl_steps)``; a stale run adds its
+``(inter_lag, intra_switches)``. Per stale setting the table gives the across-seed mean
+with its 95% Student-t half-width (`experiments.analysis.stats.mean_ci`) of the chosen
+value for the sync baseline and the stale method, and the paired gap
+``stale - sync`` over the seeds both ran (`paired_gap`). The criterion of a stress
+regime ("async worse than sync") is a negative gap whose interval excludes 0.
+
+Collapse indicators, averaged over the stale method's seeds (each run's value over its RL
+steps): ``gnorm_max`` (largest ``train/grad_norm``), ``ess_min`` (smallest
+``ess/token_fraction``), ``k3_max`` (largest ``kl_mu_pi/k3``, k3 estimate of KL(mu||pi)),
+``entropy_last`` (``entropy_pi/mean`` of the last step).
+
+Usage::
+
+    python -m experiments.analysis.regime runs/stress_regime [--value eval_after]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import Any, Iterable
+
+import numpy as np
+
+from experiments.analysis.runs import Run, final_reward, load_runs
+from experiments.analysis.stats import excludes_zero, mean_ci
+
+VALUES = ("eval_after", "final_reward", "eval_gain")
+
+
+def setting(run: Run) -> tuple[float, float, int]:
+    """``(learning_rate, sampler.logit_noise_std, rl_steps)`` of a run's config."""
+    cfg = run.config
+    return (float(cfg["optim"]["learning_rate"]),
+            float(cfg.get("sampler", {}).get("logit_noise_std", 0.0)), int(cfg["rl_steps"]))
+
+
+def value(run: Run, name: str) -> float:
+    """``eval_after`` (held-out accuracy after RL), ``eval_gain`` (after - before) or
+    ``final_reward`` (mean reward of the last 10 steps' rollouts); NaN when missing.
+
+    Raises:
+      ValueError: an unknown ``name``.
+    """
+    s = run.summary or {}
+    if name == "eval_after":
+        return float(s.get("eval_accuracy_after", math.nan))
+    if name == "eval_gain":
+        return float(s.get("eval_accuracy_after", math.nan)) - float(
+            s.get("eval_accuracy_before", math.nan))
+    if name == "final_reward":
+        return final_reward(run)
+    raise ValueError(f"regime value must be one of {VALUES}, got {name!r}")
+
+
+def _indicator(run: Run, key: str, how) -> float:
+    xs = [m[key] for m in run.metrics if key in m and math.isfinite(m[key])]
+    return float(how(xs)) if xs else math.nan
+
+
+def indicators(run: Run) -> dict[str, float]:
+    """The collapse indicators of one run (see the module docstring)."""
+    last = [m for m in run.metrics if "entropy_pi/mean" in m]
+    return {"gnorm_max": _indicator(run, "train/grad_norm", max),
+            "ess_min": _indicator(run, "ess/token_fraction", min),
+            "k3_max": _indicator(run, "kl_mu_pi/k3", max),
+            "entropy_last": float(last[-1]["entropy_pi/mean"]) if last else math.nan}
+
+
+def regime_rows(runs: Iterable[Run], value_name: str = "eval_after") -> list[dict[str, Any]]:
+    """One row per (stale method, setting, inter, intra) with a sync baseline at its setting:
+    ``method, lr, noise, steps, inter, intra, n, sync (mean, half, n), stale (mean, half, n),
+    gap (mean, half, n), bites`` (gap < 0 with an interval excluding 0) and the stale runs'
+    mean indicators. Only finished runs (a summary) count."""
+    runs = [r for r in runs if r.summary is not None]
+    sync = [r for r in runs if r.config["staleness"]["mode"] == "sync"]
+    groups: dict[tuple, list[Run]] = {}
+    for r in runs:
+        if r.config["staleness"]["mode"] != "sync":
+            groups.setdefault((r.method, *setting(r), r.inter_lag, r.intra_switches), []).append(r)
+    rows = []
+    for (method, lr, noise, steps, inter, intra), stale in sorted(groups.items()):
+        base = {r.seed: value(r, value_name) for r in sync if setting(r) == (lr, noise, steps)}
+        if not base:
+            continue
+        mine = {r.seed: value(r, value_name) for r in stale}
+        seeds = sorted(set(base) & set(mine))
+        gap = mean_ci([mine[s] - base[s] for s in seeds])
+        ind = [indicators(r) for r in stale]
+        rows.append({
+            "method": method, "lr": lr, "noise": noise, "steps": steps, "inter": inter,
+            "intra": intra, "sync": mean_ci(list(base.values())),
+            "stale": mean_ci(list(mine.values())), "gap": gap,
+            "bites": gap[0] < 0 and excludes_zero(gap[0], gap[1]),
+            **{k: float(np.nanmean([i[k] for i in ind])) for k in ind[0]},
+        })
+    return rows
+
+
+def format_rows(rows: list[dict[str, Any]], value_name: str = "eval_after") -> str:
+    """A Markdown table of `regime_rows` (mean +- 95% half-width, n seeds)."""
+    if not rows:
+        return "(no stale setting with a finished sync baseline)"
+    ci = lambda t: f"{t[0]:.3f} ± {t[1]:.3f} ({t[2]})"  # noqa: E731
+    head = (f"| method | lr | noise | steps | inter | intra | sync {value_name} | stale "
+            f"{value_name} | gap stale-sync | bites | gnorm max | ESS min | k3 max | H last |")
+    lines = [head, "|" + "---|" * 14]
+    for r in rows:
+        lines.append(
+            f"| {r['method']} | {r['lr']:g} | {r['noise']:g} | {r['steps']} | {r['inter']} | "
+            f"{r['intra']} | {ci(r['sync'])} | {ci(r['stale'])} | {ci(r['gap'])} | "
+            f"{'yes' if r['bites'] else 'no'} | {r['gnorm_max']:.3g} | {r['ess_min']:.3f} | "
+            f"{r['k3_max']:.3g} | {r['entropy_last']:.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments.analysis.regime", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", help="a sweep output directory (every run below it is read)")
+    p.add_argument("--value", choices=VALUES, default="eval_after")
+    args = p.parse_args(argv)
+    print(format_rows(regime_rows(load_runs(args.runs), args.value), args.value))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

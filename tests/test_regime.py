@@ -1,0 +1,51 @@
+"""The stress-regime table (experiments.analysis.regime) on hand-made run directories:
+the sync baseline is paired by setting and seed, the gap's t interval is the hand value."""
+
+import json
+
+import pytest
+
+from experiments.analysis import load_runs
+from experiments.analysis.regime import format_rows, main, regime_rows
+
+
+def _run(root, name, mode, seed, after, lr=3e-4, noise=0.5, gnorm=(0.1, 0.4)):
+    d = root / name
+    d.mkdir(parents=True)
+    cfg = {"seed": seed, "rl_steps": 2, "objective": {"name": "grpo"},
+           "optim": {"learning_rate": lr}, "sampler": {"logit_noise_std": noise},
+           "staleness": {"mode": mode, "inter_lag": 4, "intra_switches": 3}}
+    (d / "config.json").write_text(json.dumps(cfg))
+    rows = [{"step": i, "reward/mean": 0.1, "train/grad_norm": g, "ess/token_fraction": 0.9 - i / 10,
+             "kl_mu_pi/k3": 0.01 * (i + 1), "entropy_pi/mean": 0.2 + i} for i, g in enumerate(gnorm)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "summary.json").write_text(json.dumps({"eval_accuracy_after": after,
+                                                "eval_accuracy_before": 0.1}))
+
+
+def test_gap_pairs_the_sync_baseline_by_setting_and_seed(tmp_path, capsys):
+    for seed, (s, a) in enumerate([(0.30, 0.20), (0.25, 0.20), (0.35, 0.24)]):
+        _run(tmp_path, f"sync{seed}", "sync", seed, s)
+        _run(tmp_path, f"async{seed}", "simulated", seed, a)
+    _run(tmp_path, "sync_other_lr", "sync", 0, 0.9, lr=1e-4)  # another setting: not paired
+    rows = regime_rows(load_runs(tmp_path))
+    assert len(rows) == 1
+    r = rows[0]
+    assert (r["method"], r["lr"], r["noise"], r["inter"], r["intra"]) == ("grpo", 3e-4, 0.5, 4, 3)
+    # gaps -0.10, -0.05, -0.11: mean -0.0867, s = 0.03215, t_{0.975,2} = 4.3027
+    assert r["gap"][0] == pytest.approx(-0.08666667)
+    assert r["gap"][1] == pytest.approx(4.302653 * 0.0321455 / 3 ** 0.5, rel=1e-4)
+    assert r["gap"][2] == 3 and r["bites"]
+    assert r["sync"][0] == pytest.approx(0.30) and r["stale"][0] == pytest.approx(0.64 / 3)
+    assert (r["gnorm_max"], r["ess_min"], r["k3_max"], r["entropy_last"]) == pytest.approx((0.4, 0.8, 0.02, 1.2))
+    assert "| grpo | 0.0003 | 0.5 | 2 | 4 | 3 |" in format_rows(rows)
+    assert main([str(tmp_path), "--value", "eval_gain"]) == 0
+    assert "-0.087 ± 0.080 (3)" in capsys.readouterr().out
+
+
+def test_a_gap_whose_interval_straddles_zero_does_not_bite(tmp_path):
+    for seed, (s, a) in enumerate([(0.30, 0.20), (0.25, 0.30)]):
+        _run(tmp_path, f"sync{seed}", "sync", seed, s)
+        _run(tmp_path, f"async{seed}", "simulated", seed, a)
+    (row,) = regime_rows(load_runs(tmp_path))
+    assert row["gap"][0] == pytest.approx(-0.025) and not row["bites"]
