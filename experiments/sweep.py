@@ -32,7 +32,14 @@ Usage::
     python -m experiments.sweep run   SPEC.toml --out runs/sweep --workers 2
     python -m experiments.sweep emit  SPEC.toml --out runs/sweep > commands.txt
     python -m experiments.sweep summarize runs/sweep
-    python -m experiments.sweep run   SPEC.toml --out runs/sweep --only 'lag=30_.*seed' # a slice
+    python -m experiments.sweep run   SPEC.toml --out runs/sweep --only REGEX  # a slice
+
+``--only`` keeps the runs whose directory name matches the regular expression
+(``re.search``). Names are ``[method=LABEL_]field=value_..._seed=S`` with each field's last
+dotted part, e.g. one setting of ``stress_regime.toml`` with its sync baseline (which has no
+lag fields), every seed::
+
+    --only 'learning_rate=0.0003_(inter_lag=30_intra_switches=3_)?logit_noise_std=0.5_seed'
 
 A method comparison adds a ``[comparison]`` table (one shared objective base, each
 method's own parameters and declared differences; `experiments.comparison`): its methods

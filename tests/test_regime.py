@@ -12,7 +12,8 @@ from experiments.analysis.regime import format_rows, main, regime_rows
 def _run(root, name, mode, seed, after, lr=3e-4, noise=0.5, gnorm=(0.1, 0.4)):
     d = root / name
     d.mkdir(parents=True)
-    cfg = {"seed": seed, "rl_steps": 2, "objective": {"name": "grpo"},
+    cfg = {"name": "grpo_async" if name.startswith("method=grpo_async_") else "stress",
+           "seed": seed, "rl_steps": 2, "objective": {"name": "grpo"},
            "optim": {"learning_rate": lr}, "sampler": {"logit_noise_std": noise},
            "staleness": {"mode": mode, "inter_lag": 4, "intra_switches": 3}}
     (d / "config.json").write_text(json.dumps(cfg))
@@ -35,7 +36,7 @@ def test_gap_pairs_the_sync_baseline_by_setting_and_seed(tmp_path, capsys):
     # gaps -0.10, -0.05, -0.11: mean -0.0867, s = 0.03215, t_{0.975,2} = 4.3027
     assert r["gap"][0] == pytest.approx(-0.08666667)
     assert r["gap"][1] == pytest.approx(4.302653 * 0.0321455 / 3 ** 0.5, rel=1e-4)
-    assert r["gap"][2] == 3 and r["bites"]
+    assert r["gap"][2] == 3 and r["bites"] == "yes"
     assert r["sync"][0] == pytest.approx(0.30) and r["stale"][0] == pytest.approx(0.64 / 3)
     assert (r["gnorm_max"], r["ess_min"], r["k3_max"], r["entropy_last"]) == pytest.approx((0.4, 0.8, 0.02, 1.2))
     assert "| grpo | 0.0003 | 0.5 | 2 | 4 | 3 |" in format_rows(rows)
@@ -48,4 +49,16 @@ def test_a_gap_whose_interval_straddles_zero_does_not_bite(tmp_path):
         _run(tmp_path, f"sync{seed}", "sync", seed, s)
         _run(tmp_path, f"async{seed}", "simulated", seed, a)
     (row,) = regime_rows(load_runs(tmp_path))
-    assert row["gap"][0] == pytest.approx(-0.025) and not row["bites"]
+    assert row["gap"][0] == pytest.approx(-0.025) and row["bites"] == "no"
+
+
+def test_rows_use_the_paired_seeds_only_and_one_seed_does_not_decide(tmp_path, capsys):
+    _run(tmp_path, "method=grpo_async_s0", "simulated", 0, 0.20)
+    _run(tmp_path, "method=grpo_async_s1", "simulated", 1, 0.40)  # no sync seed 1: unpaired
+    _run(tmp_path, "sync0", "sync", 0, 0.30)
+    (row,) = regime_rows(load_runs(tmp_path))
+    assert row["stale"][:1] + row["stale"][2:] == (pytest.approx(0.20), 1)
+    assert row["gap"][0] == pytest.approx(-0.10) and row["bites"] == "n/a"
+    assert row["method"] == "grpo_async"  # the comparison label, not the objective name
+    assert main([str(tmp_path / "missing")]) == 2
+    assert "regime: error: load_runs: no run directories" in capsys.readouterr().err

@@ -2,17 +2,29 @@
 the staleness-free baseline (``staleness.mode = sync``) against each stale method at the
 same learning rate, sampler mismatch and run length, over seeds.
 
-A *setting* is ``(learning rate, logit noise std, rl_steps)``; a stale run adds its
-``(inter_lag, intra_switches)``. Per stale setting the table gives the across-seed mean
-with its 95% Student-t half-width (`experiments.analysis.stats.mean_ci`) of the chosen
-value for the sync baseline and the stale method, and the paired gap
-``stale - sync`` over the seeds both ran (`paired_gap`). The criterion of a stress
-regime ("async worse than sync") is a negative gap whose interval excludes 0.
+A *setting* is ``(learning rate, logit noise std, rl_steps)``; a stale run (simulated or
+async staleness) adds its configured ``(inter_lag, intra_switches)``. Rows pair the stale
+runs with the sync runs of the same setting **by seed**, and every number in a row is over
+those paired seeds only (``n``): the across-seed mean with its 95% Student-t half-width
+(`experiments.analysis.stats.mean_ci`; NaN below 2 seeds) of the sync value, the stale
+value and the paired gap ``stale - sync``. ``bites`` is ``yes`` when the gap is negative
+and its interval excludes 0 (the stress regime's "async worse than sync" criterion),
+``no`` when not, and ``n/a`` below 2 paired seeds.
 
-Collapse indicators, averaged over the stale method's seeds (each run's value over its RL
-steps): ``gnorm_max`` (largest ``train/grad_norm``), ``ess_min`` (smallest
-``ess/token_fraction``), ``k3_max`` (largest ``kl_mu_pi/k3``, k3 estimate of KL(mu||pi)),
-``entropy_last`` (``entropy_pi/mean`` of the last step).
+Values (``--value``):
+* ``eval_after``: held-out accuracy after RL, the summary's ``eval_accuracy_after``
+  (avg@k over the task's evaluation problems, k samples each at the run's temperature,
+  drawn through the run's own sampler, synthetic mismatch included);
+* ``eval_gain``: ``eval_accuracy_after - eval_accuracy_before``;
+* ``final_reward``: mean ``reward/mean`` of the last 10 RL steps' rollouts (under
+  staleness those rollouts come from older policies, so prefer ``eval_after``).
+
+Collapse indicators, of the stale method, averaged over its paired seeds (each run's
+value over its RL steps): ``gnorm max`` (largest ``train/grad_norm``), ``ESS min``
+(smallest ``ess/token_fraction``), ``k3 max`` (largest ``kl_mu_pi/k3``, the k3 estimate of
+KL(mu||pi)), ``entropy last`` (``entropy_pi/mean`` of the last step). The method is the
+comparison label of a comparison sweep (``grpo_async``), else the objective name.
+Unfinished runs (no ``summary.json``) are left out and counted.
 
 Usage::
 
@@ -73,49 +85,64 @@ def indicators(run: Run) -> dict[str, float]:
             "entropy_last": float(last[-1]["entropy_pi/mean"]) if last else math.nan}
 
 
+def label(run: Run) -> str:
+    """A comparison sweep's method label (the run is ``method=<label>_...`` and its config
+    ``name`` is the label), else `Run.method`."""
+    name = str(run.config.get("name", ""))
+    return name if name and run.path.name.startswith(f"method={name}_") else run.method
+
+
 def regime_rows(runs: Iterable[Run], value_name: str = "eval_after") -> list[dict[str, Any]]:
-    """One row per (stale method, setting, inter, intra) with a sync baseline at its setting:
-    ``method, lr, noise, steps, inter, intra, n, sync (mean, half, n), stale (mean, half, n),
-    gap (mean, half, n), bites`` (gap < 0 with an interval excluding 0) and the stale runs'
-    mean indicators. Only finished runs (a summary) count."""
+    """One row per (stale method, setting, inter, intra) with a sync baseline of the same
+    setting on at least one common seed: ``method, lr, noise, steps, inter, intra, sync,
+    stale, gap`` (each ``(mean, half_width, n)`` over the paired seeds), ``bites``
+    (``"yes"``/``"no"``/``"n/a"``) and the stale runs' mean indicators. Only finished runs
+    (a summary) count.
+
+    Raises:
+      ValueError: an unknown ``value_name``.
+    """
+    if value_name not in VALUES:
+        raise ValueError(f"regime value must be one of {VALUES}, got {value_name!r}")
     runs = [r for r in runs if r.summary is not None]
     sync = [r for r in runs if r.config["staleness"]["mode"] == "sync"]
     groups: dict[tuple, list[Run]] = {}
     for r in runs:
         if r.config["staleness"]["mode"] != "sync":
-            groups.setdefault((r.method, *setting(r), r.inter_lag, r.intra_switches), []).append(r)
+            groups.setdefault((label(r), *setting(r), r.inter_lag, r.intra_switches), []).append(r)
     rows = []
     for (method, lr, noise, steps, inter, intra), stale in sorted(groups.items()):
         base = {r.seed: value(r, value_name) for r in sync if setting(r) == (lr, noise, steps)}
-        if not base:
-            continue
-        mine = {r.seed: value(r, value_name) for r in stale}
+        mine = {r.seed: r for r in stale}
         seeds = sorted(set(base) & set(mine))
-        gap = mean_ci([mine[s] - base[s] for s in seeds])
-        ind = [indicators(r) for r in stale]
+        if not seeds:
+            continue
+        gap = mean_ci([value(mine[s], value_name) - base[s] for s in seeds])
+        ind = [indicators(mine[s]) for s in seeds]
+        bites = "n/a" if gap[2] < 2 else ("yes" if gap[0] < 0 and excludes_zero(gap[0], gap[1]) else "no")
         rows.append({
             "method": method, "lr": lr, "noise": noise, "steps": steps, "inter": inter,
-            "intra": intra, "sync": mean_ci(list(base.values())),
-            "stale": mean_ci(list(mine.values())), "gap": gap,
-            "bites": gap[0] < 0 and excludes_zero(gap[0], gap[1]),
-            **{k: float(np.nanmean([i[k] for i in ind])) for k in ind[0]},
+            "intra": intra, "sync": mean_ci([base[s] for s in seeds]),
+            "stale": mean_ci([value(mine[s], value_name) for s in seeds]), "gap": gap,
+            "bites": bites, **{k: float(np.nanmean([i[k] for i in ind])) for k in ind[0]},
         })
     return rows
 
 
 def format_rows(rows: list[dict[str, Any]], value_name: str = "eval_after") -> str:
-    """A Markdown table of `regime_rows` (mean +- 95% half-width, n seeds)."""
+    """A Markdown table of `regime_rows` (mean ± 95% half-width (n paired seeds))."""
     if not rows:
-        return "(no stale setting with a finished sync baseline)"
+        return "(no stale setting with a finished sync baseline on a common seed)"
     ci = lambda t: f"{t[0]:.3f} ± {t[1]:.3f} ({t[2]})"  # noqa: E731
     head = (f"| method | lr | noise | steps | inter | intra | sync {value_name} | stale "
-            f"{value_name} | gap stale-sync | bites | gnorm max | ESS min | k3 max | H last |")
+            f"{value_name} | gap stale-sync | bites | gnorm max | ESS min | k3 max | "
+            "entropy last |")
     lines = [head, "|" + "---|" * 14]
     for r in rows:
         lines.append(
             f"| {r['method']} | {r['lr']:g} | {r['noise']:g} | {r['steps']} | {r['inter']} | "
             f"{r['intra']} | {ci(r['sync'])} | {ci(r['stale'])} | {ci(r['gap'])} | "
-            f"{'yes' if r['bites'] else 'no'} | {r['gnorm_max']:.3g} | {r['ess_min']:.3f} | "
+            f"{r['bites']} | {r['gnorm_max']:.3g} | {r['ess_min']:.3f} | "
             f"{r['k3_max']:.3g} | {r['entropy_last']:.3f} |")
     return "\n".join(lines)
 
@@ -124,9 +151,19 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.analysis.regime", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", help="a sweep output directory (every run below it is read)")
-    p.add_argument("--value", choices=VALUES, default="eval_after")
+    p.add_argument("--value", choices=VALUES, default="eval_after",
+                   help="eval_after (held-out avg@k after RL; default), eval_gain (after - "
+                        "before) or final_reward (last 10 steps' rollouts)")
     args = p.parse_args(argv)
-    print(format_rows(regime_rows(load_runs(args.runs), args.value), args.value))
+    try:
+        runs = load_runs(args.runs)
+    except FileNotFoundError as err:
+        print(f"regime: error: {err}", file=sys.stderr)
+        return 2
+    print(format_rows(regime_rows(runs, args.value), args.value))
+    unfinished = sum(r.summary is None for r in runs)
+    if unfinished:
+        print(f"({unfinished} unfinished run(s) left out)")
     return 0
 
 
