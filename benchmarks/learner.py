@@ -78,6 +78,29 @@ def _model_flops(cfg, n_params_matmul, batch, length) -> float:
     return 6 * n_params_matmul * tokens + attention
 
 
+def synthetic_rl_batch(tokens, vocab_size: int, rng):
+    """One optimizer batch (``Batch`` with a leading microbatch axis of 1) for timing an RL
+    step on ``tokens`` ``[B, L]`` int: loss on response positions ``>= 64``, standard-normal
+    advantages drawn from ``rng``, a uniform behavior policy (``logp_mu = -log V``,
+    ``entropy_mu = log V``), version 0."""
+    import numpy as np
+
+    from entr_jax.types import Batch
+
+    tokens = np.asarray(tokens, np.int32)
+    b, length = tokens.shape
+    t = length - 1
+    return Batch(
+        tokens=tokens[None], attention_mask=np.ones((1, b, length), bool),
+        loss_mask=np.broadcast_to(np.arange(t) >= 64, (1, b, t)).copy(),
+        advantages=rng.normal(size=(1, b, t)).astype(np.float32),
+        logp_mu=np.full((1, b, t), -np.log(vocab_size), np.float32),
+        entropy_mu=np.full((1, b, t), np.log(vocab_size), np.float32),
+        token_version=np.zeros((1, b, t), np.int32),
+        num_loss_tokens=np.float32(b * (t - 64)),
+    )
+
+
 def run_entr(shape: dict, *, batch: int, length: int, steps: int, dtype: str,
              peak_fn=None) -> dict:
     import jax
@@ -90,7 +113,6 @@ def run_entr(shape: dict, *, batch: int, length: int, steps: int, dtype: str,
     from learners.distributed import shard_batch
     from learners.optim import OptimizerConfig, make_optimizer
     from learners.state import create_train_state
-    from entr_jax.types import Batch
     from learners.step import make_train_step
 
     cfg = ModelConfig(**shape)
@@ -104,17 +126,7 @@ def run_entr(shape: dict, *, batch: int, length: int, steps: int, dtype: str,
     step = make_train_step("rl", tx, shardings, mesh, objective=make_objective("entr"),
                            chunk_size=256)
     rng = np.random.default_rng(0)
-    t = length - 1
-    host = Batch(
-        tokens=rng.integers(0, cfg.vocab_size, (1, batch, length)).astype(np.int32),
-        attention_mask=np.ones((1, batch, length), bool),
-        loss_mask=np.broadcast_to(np.arange(t) >= 64, (1, batch, t)).copy(),
-        advantages=rng.normal(size=(1, batch, t)).astype(np.float32),
-        logp_mu=np.full((1, batch, t), -np.log(cfg.vocab_size), np.float32),
-        entropy_mu=np.full((1, batch, t), np.log(cfg.vocab_size), np.float32),
-        token_version=np.zeros((1, batch, t), np.int32),
-        num_loss_tokens=np.float32(batch * (t - 64)),
-    )
+    host = synthetic_rl_batch(rng.integers(0, cfg.vocab_size, (batch, length)), cfg.vocab_size, rng)
     device_batch = shard_batch(host, mesh)
     t0 = time.perf_counter()
     state, metrics, _ = step(state, device_batch)

@@ -82,27 +82,19 @@ def main(argv=None) -> dict:
     if not args.skip_step:
         from entr_jax.objectives import make_objective
         from entr_jax.sharding import MeshConfig, make_mesh
-        from entr_jax.types import Batch
         from learners.distributed import shard_batch
         from learners.optim import OptimizerConfig, make_optimizer
         from learners.state import create_train_state
         from learners.step import make_train_step
+
+        from benchmarks.learner import synthetic_rl_batch
 
         mesh = make_mesh(MeshConfig(data=1, fsdp=jax.device_count()))
         tx = make_optimizer(OptimizerConfig(learning_rate=1e-5))
         state, shardings = create_train_state(lambda: Decoder(cfg, rngs=nnx.Rngs(0)), tx, mesh)
         step = make_train_step("rl", tx, shardings, mesh, objective=make_objective("entr"),
                                chunk_size=256)
-        t = length - 1
-        host = Batch(
-            tokens=np.asarray(tokens)[None], attention_mask=np.ones((1, b, length), bool),
-            loss_mask=np.broadcast_to(np.arange(t) >= 64, (1, b, t)).copy(),
-            advantages=rng.normal(size=(1, b, t)).astype(np.float32),
-            logp_mu=np.full((1, b, t), -np.log(cfg.vocab_size), np.float32),
-            entropy_mu=np.full((1, b, t), np.log(cfg.vocab_size), np.float32),
-            token_version=np.zeros((1, b, t), np.int32),
-            num_loss_tokens=np.float32(b * (t - 64)),
-        )
+        host = synthetic_rl_batch(tokens, cfg.vocab_size, rng)
         t0 = time.perf_counter()
         compiled = step.fn.lower(state, shard_batch(host, mesh)).compile()
         out["step"] = dict(_summary(compiled), compile_s=round(time.perf_counter() - t0, 1))
