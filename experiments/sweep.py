@@ -148,16 +148,15 @@ def expand(spec: dict[str, Any], out_dir: str | pathlib.Path) -> list[SweepRun]:
             for label, method in methods:
                 for seed in spec["seeds"]:
                     point = dict(zip(keys, values))
+                    reads = _mode_reads(spec, {**method, **point})
                     if "staleness.mode" not in point:
                         # a method's mode (e.g. grpo_sync) does not read the grid's lag
                         # fields: they leave its overrides and its name, so the baseline
                         # runs once per remaining setting instead of once per lag
-                        reads = _mode_reads(spec, {**method, **point})
                         point = {k: v for k, v in point.items() if reads(k)}
                     slugs = [label] if label else []
                     name = "_".join(slugs + [_slug(k, v) for k, v in point.items()]
                                     + [f"seed={seed}"])
-                    reads = _mode_reads(spec, {**method, **point})
                     fixed = {k: v for k, v in spec["fixed"].items() if reads(k)}
                     overrides = {**fixed, **method, **point, "seed": seed}
                     runs.setdefault(name, SweepRun(name, out_dir / name, overrides))
