@@ -207,6 +207,25 @@ def ratio(log_a: Array, log_b: Array) -> Array:
     return jnp.exp(log_ratio(log_a, log_b))
 
 
+def ratio_given(value: Array, log_ratio_x: Array) -> Array:
+    """``exp(x)`` from its already computed value: returns ``value`` in the forward pass
+    and has the derivative of ``exp(x)``, ``value * dx``, in the backward pass.
+
+    ``value * (1 + (x - sg(x)))``: ``x - sg(x)`` is exactly 0 for finite ``x``, so the
+    result is ``value`` bit for bit, and its cotangent is ``ct * value``, the product the
+    derivative of ``jnp.exp`` forms from its output. It lets an objective reuse the one
+    ``exp`` its metrics take (the ratio over every loss token) for the loss on a gated
+    subset, instead of a second ``exp`` pass over ``[B, T]``.
+
+    Args:
+      value: ``[B, T] f32`` ``exp(x)`` computed without gradient (any value where the
+        caller's gate is false; it must be finite wherever ``x`` carries gradient).
+      log_ratio_x: ``[B, T] f32`` ``x``, the differentiable log-ratio (finite everywhere,
+        e.g. formed from `gate`d inputs).
+    """
+    return sg(value) * (1.0 + (log_ratio_x - sg(log_ratio_x)))
+
+
 def sg(x: Array) -> Array:
     """Stop-gradient (``sg[.]`` in the formulas)."""
     return jax.lax.stop_gradient(x)

@@ -136,7 +136,12 @@ def entr(logp_pi: jax.Array, batch: Any, cfg: EntrConfig) -> tuple[jax.Array, c.
     inp = c.read_inputs(logp_pi, batch, sanitize=False)
     keep, delta, entropy = _keep(inp, cfg)
     lp, lmu, adv = c.gate(keep, inp.logp_pi, inp.logp_mu, inp.advantages)
-    loss_tok, lo, hi = c.ppo_clip_loss(c.ratio(lp, lmu), adv, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+    # One exp for the loss and the metrics: on kept tokens exp(delta) is exp(clip(lp - lmu))
+    # bit for bit (the gate leaves them unchanged), so the loss ratio takes its value from
+    # the metrics' ratio over all loss tokens (exp(delta), which base_metrics forms from the
+    # same expression) and its gradient through the gated log-ratio (finite everywhere).
+    r = c.ratio_given(jnp.where(keep, jnp.exp(delta), 0.0), c.log_ratio(lp, lmu))
+    loss_tok, lo, hi = c.ppo_clip_loss(r, adv, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
     loss = c.agg(inp, loss_tok, keep, cfg, c.kept_count(inp, keep))
     # entr/score_mean is masked_mean(S, loss_mask). S = d**2 / max(max(H, 0) + eps, 1e-30)
     # with |d| <= 20 is never infinite and is NaN exactly where delta or H is NaN, so its
