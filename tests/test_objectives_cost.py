@@ -90,3 +90,32 @@ def test_one_pass_metrics_equal_their_separate_forms_exactly(case):
 def test_count_true_counts_each_array():
     flags = [jnp.array([[True, False, True]]), jnp.array([[False, False, False]]), jnp.ones((1, 3), bool)]
     np.testing.assert_array_equal(np.asarray(c.count_true(flags)), [2.0, 0.0, 3.0])
+
+
+def _transcendentals(name, logp_pi, batch, **cfg):
+    f = jax.value_and_grad(obj.make_objective(name, **cfg), has_aux=True)
+    return jax.jit(f).lower(logp_pi, batch).compile().cost_analysis()["transcendentals"]
+
+
+def test_entr_takes_one_exp_per_token_like_grpo(case):
+    # The loss ratio reuses the metrics' exp(delta) (common.ratio_given); with its own exp of
+    # the gated log-ratio, value+grad took two per token, 2x GRPO's transcendentals.
+    n_grpo = _transcendentals("grpo", *case, aggregation="token_mean")
+    assert n_grpo == B * T
+    assert _transcendentals("entr", *case) == n_grpo
+
+
+def test_ratio_given_is_exp_in_value_and_gradient():
+    x = jnp.array([-30.0, -3.0, -0.1, 0.0, 0.7, 19.5, 25.0])
+
+    def given(x):
+        return jnp.sum(c.ratio_given(jnp.exp(c.log_ratio(x, 0.0)), c.log_ratio(x, 0.0)) * jnp.arange(7.0))
+
+    def direct(x):
+        return jnp.sum(c.ratio(x, 0.0) * jnp.arange(7.0))
+
+    np.testing.assert_array_equal(np.asarray(c.ratio_given(jnp.exp(x), x)), np.asarray(jnp.exp(x)))
+    assert float(given(x)) == float(direct(x))
+    # the clip at +-20 stops the gradient outside the band, as in `ratio`
+    np.testing.assert_array_equal(np.asarray(jax.grad(given)(x)), np.asarray(jax.grad(direct)(x)))
+    assert float(jax.grad(given)(x)[0]) == 0.0 and float(jax.grad(given)(x)[6]) == 0.0
