@@ -207,12 +207,14 @@ class Job:
                    if key not in ("num_examples", "num_samples")}
         self.logger.log(out["version"], None, scalars)
 
-    def warm_start(self, module_fn) -> Any:
-        """Supervised warm start on the task's demonstrations; returns the params."""
+    def warm_start(self, module_fn, params) -> Any:
+        """Supervised warm start on the task's demonstrations, from ``params`` (the policy's
+        weights: ``model.path``'s, or the random init of ``model.init_seed``; they are
+        trained in place, so the caller must not use them afterwards); returns the params."""
         with self.clock.phase("sft"):
-            return self._warm_start(module_fn)
+            return self._warm_start(module_fn, params)
 
-    def _warm_start(self, module_fn) -> Any:
+    def _warm_start(self, module_fn, params) -> Any:
         sft, demos = self.cfg.sft, self.task.demos
         if not demos:
             raise ValueError(f"sft.steps > 0 but task {self.cfg.task.name!r} has no demonstrations")
@@ -223,7 +225,7 @@ class Job:
         # to the next power of two (the quickstart's: 11 tokens, not 16)
         longest = max(len(t.prompt_ids) + len(t.response_ids) for t in trajs)
         learner = Learner(module_fn, self._learner_config(opt, self.tokenizer.pad_token_id,
-                                                          max_length=longest))
+                                                          max_length=longest), params=params)
         rng = np.random.default_rng([self.cfg.seed, 3])
         order = np.concatenate([rng.permutation(len(trajs))
                                 for _ in range(sft.steps * sft.batch_size // len(trajs) + 1)])
@@ -533,7 +535,8 @@ class Job:
             book = {"start_step": 0, "elapsed_s": 0.0, "evals": {}}
             book["evals"]["init"] = self.evaluate("init", self.published(), 0)
             if cfg.sft.steps > 0:
-                self.learner.load_params(self.warm_start(self.module_fn))
+                self.learner.load_params(
+                    self.warm_start(self.module_fn, self.learner.hand_over_params()))
                 if cfg.sft.save_model:
                     self.export(self.run / "sft_model")
                 book["evals"]["before_rl"] = self.evaluate(

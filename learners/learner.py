@@ -209,6 +209,15 @@ class Learner:
         opt_state = jax.jit(self.tx.init, out_shardings=self.shardings.opt_state)(params)
         self.state = self.state.replace(params=params, opt_state=opt_state)
 
+    def hand_over_params(self) -> nnx.State:
+        """The current weights, for another learner to train from (e.g. a supervised warm
+        start, which takes them with ``Learner(..., params=...)`` and donates them). The
+        optimizer state is released; this learner holds no usable weights until
+        `load_params` gives it the trained ones."""
+        params = self.state.params
+        self.state = self.state.replace(opt_state=None)
+        return params
+
     def set_reference(self, params: nnx.State) -> None:
         """Freeze ``params`` (the `nnx.Param` state of the same module) as the reference
         policy of ``logp_ref``; a copy is placed into the parameter shardings, so later

@@ -612,9 +612,35 @@ def test_sft_batches_are_padded_to_the_longest_demonstration(small_model_dir, tm
 
     monkeypatch.setattr(learner_module, "make_batch", recording)
     job.clock.start()
-    job.warm_start(job.module_fn)
+    job.warm_start(job.module_fn, job.learner.hand_over_params())
     job.clock.stop()
     seqs = [demo_trajectory(d, job.tokenizer) for d in job.task.demos]
     longest = max(len(t.prompt_ids) + len(t.response_ids) for t in seqs)
     assert longest < 16 and lengths == [longest] * 3
     assert job.clock.split()["counts"] == {"sft_steps": 3}
+
+
+def test_sft_warm_start_trains_the_model_path_weights(small_model_dir, tmp_path):
+    """The supervised warm start starts from ``model.path``'s weights, not from a random
+    init (it used to build its learner from ``model.init_seed`` and drop the loaded model):
+    at a learning rate of 1e-9 one SFT step leaves the loaded weights within 1e-7, while
+    the random init of seed 5 is far from them."""
+    cfg = small_config(small_model_dir, tmp_path / "sft_from_path", rl_steps=0,
+                       model=dataclasses.replace(QUICKSTART.model, path=str(small_model_dir),
+                                                 init_seed=5),
+                       sft=dataclasses.replace(QUICKSTART.sft, steps=1, batch_size=4,
+                                               learning_rate=1e-9, warmup_steps=0))
+    run(cfg)
+    loaded = dict(nnx.to_flat_state(_model_params(small_model_dir)))
+    trained = dict(nnx.to_flat_state(_model_params(tmp_path / "sft_from_path" / "sft_model")))
+    random_init = dict(nnx.to_flat_state(nnx.split(
+        Decoder(ModelConfig.from_hf_config(json.loads(
+            (small_model_dir / "config.json").read_text())), rngs=nnx.Rngs(5)),
+        nnx.Param, ...)[1]))
+    assert set(trained) == set(loaded)
+    for path, value in loaded.items():
+        diff = np.max(np.abs(np.asarray(trained[path].get_value()) - np.asarray(value.get_value())))
+        assert diff < 1e-7, (path, diff)
+    far = max(np.max(np.abs(np.asarray(random_init[p].get_value()) - np.asarray(v.get_value())))
+              for p, v in loaded.items())
+    assert far > 1e-2
