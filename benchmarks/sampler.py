@@ -11,9 +11,15 @@ Both engines run the same weights: the random `Decoder` is written with
 (the max |logit difference| on the benchmark prompts is reported as ``parity_max_abs``).
 Both sample with temperature 1, no filtering, no stop tokens, and generate exactly
 ``--new-tokens`` tokens for every row of equal-length random prompts (so HF needs no
-padding). Each engine gets one warm-up call (JAX compiles there), then ``--repeats`` timed
-calls; the best is reported. ``tokens_per_s = batch * new_tokens / seconds`` of a whole
-``generate`` call (prefill included); the JAX sampler also reports its decode-only rate.
+padding). ``tokens_per_s = batch * new_tokens / seconds`` of a whole ``generate`` call
+(prefill included); the JAX sampler also reports its decode-only rate.
+
+Each engine gets one warm-up call first (JAX compiles there: ``warmup_s_incl_compile``,
+reported apart), then ``--repeats`` rounds time each engine once, in alternating order,
+with the 1-minute load average sampled every round. Figures are medians with ``p25``/``p75``
+and extremes; ``ratio_jax_over_hf_tokens_per_s`` is the median of the per-round paired
+ratios. The JAX sampler also computes the full-vocabulary entropy and log-prob of every
+sampled token (``entropy_mu``, ``logp_mu``); HF ``generate`` computes neither.
 """
 
 from __future__ import annotations
@@ -53,65 +59,107 @@ def build_model(s: dict) -> Decoder:
     return Decoder(cfg, rngs=nnx.Rngs(0))
 
 
-def bench_jax(model: Decoder, prompts: np.ndarray, new_tokens: int, repeats: int) -> dict:
-    sampler = JaxSampler(model, config=JaxSamplerConfig(
-        max_batch_size=len(prompts), min_prompt_bucket=prompts.shape[1], steps_per_call=32))
-    params = SamplingParams(max_new_tokens=new_tokens, seed=0)
-    t0 = time.perf_counter()
-    sampler.generate(prompts.tolist(), params)
-    warmup_s = time.perf_counter() - t0
-    best = None
-    for r in range(repeats):
+def _spread(xs: list[float]) -> dict:
+    q = np.percentile(np.asarray(xs, float), [25, 50, 75])
+    return {"median": round(float(q[1]), 4), "p25": round(float(q[0]), 4),
+            "p75": round(float(q[2]), 4), "min": round(min(xs), 4), "max": round(max(xs), 4)}
+
+
+class JaxEngine:
+    """The embedded sampler on ``prompts``: one warm-up call (compilation) at construction,
+    then `call` times one whole ``generate`` (prefill included)."""
+
+    name = "jax_sampler"
+
+    def __init__(self, model: Decoder, prompts: np.ndarray, new_tokens: int):
+        self.prompts, self.new_tokens = prompts.tolist(), new_tokens
+        self.sampler = JaxSampler(model, config=JaxSamplerConfig(
+            max_batch_size=len(prompts), min_prompt_bucket=prompts.shape[1], steps_per_call=32))
         t0 = time.perf_counter()
-        out = sampler.generate(prompts.tolist(), SamplingParams(max_new_tokens=new_tokens, seed=r))
+        self.sampler.generate(self.prompts, SamplingParams(max_new_tokens=new_tokens, seed=0))
+        self.warmup_s = time.perf_counter() - t0
+        self.decode_rates: list[float] = []
+        self.prefill_s: list[float] = []
+
+    def call(self, r: int) -> float:
+        t0 = time.perf_counter()
+        out = self.sampler.generate(self.prompts,
+                                    SamplingParams(max_new_tokens=self.new_tokens, seed=r + 1))
         seconds = time.perf_counter() - t0
-        assert all(len(g[0].response_ids) == new_tokens for g in out)
-        if best is None or seconds < best[0]:
-            best = (seconds, dict(sampler.last_stats))
-    seconds, stats = best
-    tokens = len(prompts) * new_tokens
-    return {
-        "seconds": seconds,
-        "tokens_per_s": tokens / seconds,
-        "decode_tokens_per_s": len(prompts) * stats["decode_steps"] / stats["decode_time_s"],
-        "prefill_s": stats["prefill_time_s"],
-        "warmup_s_incl_compile": warmup_s,
-        "backend": jax.default_backend(),
-    }
+        assert all(len(g[0].response_ids) == self.new_tokens for g in out)
+        st = self.sampler.last_stats
+        self.decode_rates.append(len(self.prompts) * st["decode_steps"] / st["decode_time_s"])
+        self.prefill_s.append(st["prefill_time_s"])
+        return seconds
+
+    def extra(self) -> dict:
+        return {"decode_tokens_per_s": _spread(self.decode_rates),
+                "prefill_s": _spread(self.prefill_s),
+                "warmup_s_incl_compile": round(self.warmup_s, 3),
+                "backend": jax.default_backend()}
 
 
-def bench_hf(path: str, prompts: np.ndarray, new_tokens: int, repeats: int, model: Decoder):
-    import torch
-    from transformers import AutoModelForCausalLM
+class HfEngine:
+    """Hugging Face ``generate`` (KV cache on, the same sampling) on the same weights."""
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
-    ids = torch.as_tensor(prompts, dtype=torch.long, device=device)
-    mask = torch.ones_like(ids)
-    with torch.no_grad():
-        hf_logits = hf(input_ids=ids, attention_mask=mask).logits.float().cpu().numpy()
-    ours = np.asarray(model(jnp.asarray(prompts, jnp.int32)))
-    kwargs = dict(attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                  max_new_tokens=new_tokens, min_new_tokens=new_tokens, eos_token_id=None,
-                  pad_token_id=0)
-    with torch.no_grad():
-        hf.generate(ids, **kwargs)  # warm-up
-        best = None
-        for r in range(repeats):
-            torch.manual_seed(r)
+    name = "hf_generate"
+
+    def __init__(self, path: str, prompts: np.ndarray, new_tokens: int, model: Decoder):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.torch = torch
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(self.device).eval()
+        self.ids = torch.as_tensor(prompts, dtype=torch.long, device=self.device)
+        mask = torch.ones_like(self.ids)
+        with torch.no_grad():
+            hf_logits = self.hf(input_ids=self.ids, attention_mask=mask).logits.float().cpu().numpy()
+        ours = np.asarray(model(jnp.asarray(prompts, jnp.int32)))
+        self.parity_max_abs = float(np.max(np.abs(hf_logits - ours)))
+        self.length = prompts.shape[1] + new_tokens
+        self.kwargs = dict(attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
+                           top_p=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                           eos_token_id=None, pad_token_id=0, use_cache=True)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            self.hf.generate(self.ids, **self.kwargs)
+        self.warmup_s = time.perf_counter() - t0
+
+    def call(self, r: int) -> float:
+        torch = self.torch
+        torch.manual_seed(r + 1)
+        with torch.no_grad():
             t0 = time.perf_counter()
-            out = hf.generate(ids, **kwargs)
-            if device == "cuda":
+            out = self.hf.generate(self.ids, **self.kwargs)
+            if self.device == "cuda":
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - t0
-            assert out.shape[1] == prompts.shape[1] + new_tokens
-            best = seconds if best is None else min(best, seconds)
-    return {
-        "seconds": best,
-        "tokens_per_s": len(prompts) * new_tokens / best,
-        "device": device,
-        "torch_threads": torch.get_num_threads(),
-    }, float(np.max(np.abs(hf_logits - ours)))
+        assert out.shape[1] == self.length
+        return seconds
+
+    def extra(self) -> dict:
+        return {"device": self.device, "torch_threads": self.torch.get_num_threads(),
+                "warmup_s": round(self.warmup_s, 3)}
+
+
+def interleaved(engines: list, repeats: int, tokens: int) -> dict:
+    """``repeats`` rounds, each timing every engine once (the order alternating by round),
+    with the 1-minute load average sampled every round: load drift hits both sides."""
+    seconds: dict[str, list[float]] = {e.name: [] for e in engines}
+    loads = []
+    for r in range(repeats):
+        for e in (engines if r % 2 == 0 else engines[::-1]):
+            seconds[e.name].append(e.call(r))
+        loads.append(os.getloadavg()[0])
+    out = {"repeats": repeats, "load_1m": _spread(loads)}
+    for e in engines:
+        out[e.name] = {"tokens_per_s": _spread([tokens / t for t in seconds[e.name]]),
+                       "seconds": _spread(seconds[e.name]), **e.extra()}
+    if len(engines) == 2:
+        a, b = (seconds[e.name] for e in engines)
+        out["ratio_jax_over_hf_tokens_per_s"] = _spread([tb / ta for ta, tb in zip(a, b)])
+    return out
 
 
 def main():
@@ -119,7 +167,8 @@ def main():
     parser.add_argument("--gpu", action="store_true", help="larger model for an accelerator")
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--new-tokens", type=int, default=None)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=10,
+                        help="interleaved rounds (each times both engines once)")
     parser.add_argument("--skip-hf", action="store_true", help="only the JAX sampler")
     args = parser.parse_args()
     s = dict(SIZES["gpu" if args.gpu else "cpu"])
@@ -132,14 +181,15 @@ def main():
     prompts = np.random.default_rng(0).integers(0, s["vocab_size"], (s["batch"], s["prompt_len"]))
     result = {"variant": "gpu" if args.gpu else "cpu", "params": int(n_params), **s,
               "cpu_count": os.cpu_count()}
-    result["jax_sampler"] = bench_jax(model, prompts, s["new_tokens"], args.repeats)
-    if not args.skip_hf:
-        with tempfile.TemporaryDirectory() as path:
+    tokens = s["batch"] * s["new_tokens"]
+    result["load_1m_before"] = os.getloadavg()[0]
+    engines = [JaxEngine(model, prompts, s["new_tokens"])]
+    with tempfile.TemporaryDirectory() as path:
+        if not args.skip_hf:
             save_pretrained(model, path)
-            result["hf_generate"], result["parity_max_abs"] = bench_hf(
-                path, prompts, s["new_tokens"], args.repeats, model)
-        result["ratio_jax_over_hf_tokens_per_s"] = (
-            result["jax_sampler"]["tokens_per_s"] / result["hf_generate"]["tokens_per_s"])
+            engines.append(HfEngine(path, prompts, s["new_tokens"], model))
+            result["parity_max_abs"] = engines[1].parity_max_abs
+        result.update(interleaved(engines, args.repeats, tokens))
     print(json.dumps(result, indent=2))
 
 
