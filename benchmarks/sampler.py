@@ -39,6 +39,8 @@ from entr_jax.interfaces import SamplingParams
 from entr_jax.model import Decoder, ModelConfig, save_pretrained
 from samplers.jax_sampler import JaxSampler, JaxSamplerConfig
 
+from objectives import spread  # benchmarks/objectives.py (this script's folder is on sys.path)
+
 SIZES = {
     "cpu": dict(vocab_size=4096, hidden_size=256, intermediate_size=688, num_layers=4,
                 num_heads=4, num_kv_heads=2, head_dim=64, batch=8, prompt_len=32,
@@ -57,12 +59,6 @@ def build_model(s: dict) -> Decoder:
         attention_bias=True, max_position_embeddings=4096,
     )
     return Decoder(cfg, rngs=nnx.Rngs(0))
-
-
-def _spread(xs: list[float]) -> dict:
-    q = np.percentile(np.asarray(xs, float), [25, 50, 75])
-    return {"median": round(float(q[1]), 4), "p25": round(float(q[0]), 4),
-            "p75": round(float(q[2]), 4), "min": round(min(xs), 4), "max": round(max(xs), 4)}
 
 
 class JaxEngine:
@@ -93,8 +89,8 @@ class JaxEngine:
         return seconds
 
     def extra(self) -> dict:
-        return {"decode_tokens_per_s": _spread(self.decode_rates),
-                "prefill_s": _spread(self.prefill_s),
+        return {"decode_tokens_per_s": spread(self.decode_rates),
+                "prefill_s": spread(self.prefill_s),
                 "warmup_s_incl_compile": round(self.warmup_s, 3),
                 "backend": jax.default_backend()}
 
@@ -152,13 +148,13 @@ def interleaved(engines: list, repeats: int, tokens: int) -> dict:
         for e in (engines if r % 2 == 0 else engines[::-1]):
             seconds[e.name].append(e.call(r))
         loads.append(os.getloadavg()[0])
-    out = {"repeats": repeats, "load_1m": _spread(loads)}
+    out = {"repeats": repeats, "load_1m": spread(loads)}
     for e in engines:
-        out[e.name] = {"tokens_per_s": _spread([tokens / t for t in seconds[e.name]]),
-                       "seconds": _spread(seconds[e.name]), **e.extra()}
+        out[e.name] = {"tokens_per_s": spread([tokens / t for t in seconds[e.name]]),
+                       "seconds": spread(seconds[e.name]), **e.extra()}
     if len(engines) == 2:
         a, b = (seconds[e.name] for e in engines)
-        out["ratio_jax_over_hf_tokens_per_s"] = _spread([tb / ta for ta, tb in zip(a, b)])
+        out["ratio_jax_over_hf_tokens_per_s"] = spread([tb / ta for ta, tb in zip(a, b)])
     return out
 
 
