@@ -10,6 +10,10 @@
   the sync baseline at the same learning rate, mismatch and run length, with the paired
   gap's 95% interval and collapse indicators (`regime_rows`, `format_rows`; also
   ``python -m experiments.analysis.regime RUN_DIR``).
+* `experiments.analysis.methods`: the method-comparison table of a comparison sweep, per
+  method over seeds (held-out accuracy, gain, final reward, mask and clip fractions, the
+  paired gap to a reference method, collapse indicators; ``python -m
+  experiments.analysis.methods RUN_DIR``).
 * `experiments.analysis.tokens`: the ratio-vs-entropy analysis of ESTR (arXiv 2607.22186,
   section 3.1) on stored token samples (`load_tokens`, `bin_by_entropy`, `wls_fit`,
   `fit_bins`, `bootstrap_slope`, `off_mode_outliers`) and where the gates cut
