@@ -195,6 +195,27 @@ def intra_plan(cfg: StalenessConfig, n: int) -> tuple[int, tuple[int, ...]]:
     return g - d, tuple(int(s) for s in np.sort(steps))
 
 
+def planned_lag(cfg: StalenessConfig, n: int) -> tuple[int, int]:
+    """``(inter, intra) = (n - g_n, D_n)``: the planned age of batch ``n``'s newest weights
+    and its number of in-flight switches (what a trajectory realising every switch
+    measures; module docstring). Equal to the configured ``(k_n, intra_switches)`` only
+    from the step ``n >= k_n + intra_switches`` on: before it the delay line is not yet
+    full (no version older than 0 exists), so the first ``k_n`` batches all come from the
+    starting weights."""
+    g = generation_version(cfg, n)
+    return n - g, (0 if cfg.mode == "sync" else min(cfg.intra_switches, g))
+
+
+def full_lag_steps(cfg: StalenessConfig, steps: int) -> int:
+    """How many of the learner steps ``0 .. steps - 1`` get the configured lag in full
+    (`planned_lag` equal to ``(k_n, intra_switches)``) in simulated mode; ``steps`` in
+    the other modes (sync has no lag; async's is measured, not planned)."""
+    if cfg.mode != "simulated":
+        return steps
+    return sum(planned_lag(cfg, n) == (inter_lag(cfg, n), cfg.intra_switches)
+               for n in range(steps))
+
+
 class DelayLine:
     """Parks rollout batches generated ahead of the learner step that consumes them.
 

@@ -38,6 +38,7 @@ import json
 import pathlib
 import shutil
 import time
+import warnings
 from typing import Any
 
 import jax
@@ -52,7 +53,7 @@ from entr_jax.data import PromptBatchIterator, PromptDataConfig
 from entr_jax.evaluation import benchmark_metrics
 from entr_jax.interfaces import SamplingParams
 from entr_jax.model import Decoder, from_pretrained, save_pretrained
-from entr_jax.staleness import DelayLine, ParamRing
+from entr_jax.staleness import DelayLine, ParamRing, full_lag_steps
 from entr_jax.tasks.rollout import run_episodes
 from entr_jax.tokenizer import Tokenizer
 from experiments import preflight, reference, resume as resume_policy
@@ -110,6 +111,8 @@ class Job:
         self.plan = (resume_policy.plan_resume(self.run, cfg.to_json(), resume_override)
                      if resume else None)
         preflight.check_devices(cfg)
+        if (note := preflight.lag_horizon(cfg)) is not None:
+            warnings.warn(note, stacklevel=2)
         self.model_cfg = preflight.read_model_config(cfg.model.path or tiny_dir())
 
     # ------------------------------------------------------------------ construction
@@ -593,8 +596,12 @@ class Job:
         def bench(phase):
             return book["evals"][phase]["benchmarks"][primary]
 
-        rewards = [r["reward/mean"] for r in self.run.read_jsonl("metrics.jsonl")]
+        records = self.run.read_jsonl("metrics.jsonl")
+        rewards = [r["reward/mean"] for r in records]
         w = max(1, min(10, len(rewards)))
+        realised = {k: [r[f"staleness/{k}_mean"] for r in records if f"staleness/{k}_mean" in r]
+                    for k in ("inter", "intra")}
+        realised = {k: float(np.mean(v)) if v else None for k, v in realised.items()}
         return {
             "primary_benchmark": primary,
             "eval_metric": f"avg@{k} (sampled at temperature {self.cfg.sampling.temperature})",
@@ -614,6 +621,11 @@ class Job:
             "objective": self.cfg.objective.name,
             "objective_config": dataclasses.asdict(self.objective.config),
             "staleness_mode": self.cfg.staleness.mode,
+            # what the lag realised over all steps (the delay line fills first) and how
+            # many steps got the configured lag in full (preflight.lag_horizon)
+            "staleness_realised_inter_mean": realised["inter"],
+            "staleness_realised_intra_mean": realised["intra"],
+            "staleness_full_lag_steps": full_lag_steps(self.cfg.staleness, self.cfg.rl_steps),
             **self._time_split(book["elapsed_s"]),
             "evals": {phase: book["evals"][phase]["benchmarks"] for phase in book["evals"]},
         }

@@ -8,6 +8,8 @@ the run is made first), each raising one error that names the field or the file.
   supported architecture (the message names the file).
 * `check_task`: enough training examples for a batch, non-empty evaluation sets, and the
   task's longest prompts plus the response budget fit the model's context.
+* `lag_horizon`: a warning (not a refusal) when fewer than half of a simulated-staleness
+  run's RL steps get the configured lag in full.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ import pathlib
 import tempfile
 from typing import Any
 
+from entr_jax import staleness
 from entr_jax.data import encode_prompt
 from entr_jax.data.files import cache_dir, data_folder
 from entr_jax.model import ModelConfig
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
 
-__all__ = ["check_devices", "check_run_dir", "check_task", "read_model_config"]
+__all__ = ["check_devices", "check_run_dir", "check_task", "lag_horizon", "read_model_config"]
 
 # prompts tokenized per set by check_task: the longest by characters (tokenizing every
 # GSM8K prompt through a chat template takes seconds; token counts follow the length)
@@ -101,6 +104,27 @@ def check_devices(cfg: RunConfig) -> None:
             f"not tile the {n} {jax.devices()[0].platform} device(s) available: "
             "data x fsdp x tensor must equal the device count (-1 takes what is left)"
         ) from None
+
+
+def lag_horizon(cfg: RunConfig) -> str | None:
+    """The warning for a simulated-staleness run too short for its lag, or None.
+
+    The delay line fills during the first ``inter_lag + intra_switches`` steps: step ``n``
+    trains on samples no older than version 0, so the first ``inter_lag`` steps all train
+    on the starting weights' samples (`entr_jax.staleness.planned_lag`). When fewer than
+    half of the ``rl_steps`` get the configured lag in full, the run mostly measures that
+    start, not the lag, and the message says how many steps do."""
+    st = cfg.staleness
+    if st.mode != "simulated" or cfg.rl_steps <= 0:
+        return None
+    full = staleness.full_lag_steps(st, cfg.rl_steps)
+    if 2 * full >= cfg.rl_steps:
+        return None
+    return (f"only {full} of rl_steps={cfg.rl_steps} steps get the configured lag in full "
+            f"(staleness.inter_lag {st.max_lag} + intra_switches {st.intra_switches}): the "
+            f"delay line fills first, and the first {min(st.inter_lag, cfg.rl_steps)} steps "
+            "train on samples of the starting weights; raise rl_steps (or lower the lag) "
+            "to measure the lag itself")
 
 
 def read_model_config(model_dir: str | os.PathLike) -> ModelConfig:

@@ -367,3 +367,32 @@ def test_missing_warm_start_says_how_to_make_it(capsys, tmp_path):
                    f"{missing.parent} --rl_steps 0` (the CPU sweeps read runs/sft_base from "
                    "quickstart; the stress sweeps read runs/stress_sft3500, made by the two "
                    "commands at the top of experiments/sweeps/stress_regime.toml)")
+
+
+def test_a_run_too_short_for_its_lag_is_warned_with_the_full_lag_step_count(tmp_path):
+    """Simulated inter lag 30 + 3 switches over 40 steps: the delay line fills first, so
+    only steps 33..39 get the configured lag; the job warns (and still runs)."""
+    import dataclasses
+
+    from experiments import preflight
+    from experiments.configs import QUICKSTART, STRESS
+
+    assert preflight.lag_horizon(QUICKSTART) is None  # inter 2 + 1 over 100 steps
+    assert preflight.lag_horizon(STRESS) is None  # inter 4 + 3 over 60 steps
+    long_lag = dataclasses.replace(STRESS, rl_steps=40, staleness=dataclasses.replace(
+        STRESS.staleness, inter_lag=30, intra_switches=3))
+    assert preflight.lag_horizon(long_lag) == (
+        "only 7 of rl_steps=40 steps get the configured lag in full (staleness.inter_lag 30 "
+        "+ intra_switches 3): the delay line fills first, and the first 30 steps train on "
+        "samples of the starting weights; raise rl_steps (or lower the lag) to measure the "
+        "lag itself")
+    assert preflight.lag_horizon(dataclasses.replace(long_lag, rl_steps=66)) is None  # 33 of 66
+    assert "only 32 of rl_steps=65" in preflight.lag_horizon(dataclasses.replace(long_lag, rl_steps=65))
+    sync = dataclasses.replace(long_lag, staleness=dataclasses.replace(long_lag.staleness, mode="sync"))
+    assert preflight.lag_horizon(sync) is None
+    missing = tmp_path / "no_model"
+    with pytest.warns(UserWarning, match="only 7 of rl_steps=40"):
+        code = cli.main(["stress", "--run_dir", str(tmp_path / "run"), "--rl_steps", "40",
+                         "--staleness.inter_lag", "30", "--staleness.intra_switches", "3",
+                         "--model.path", str(missing)])
+    assert code == 2  # refused afterwards for the missing model, before any work

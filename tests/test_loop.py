@@ -92,6 +92,9 @@ def test_run_directory_and_summary(reference):
     # fixed lag 1: every batch after the first is exactly one version stale
     assert [r["staleness/inter_max"] for r in rows] == [0, 1, 1, 1]
     assert [r["staleness/inter_mean"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
+    # the summary says what the lag realised: steps 1..3 at the full lag, mean inter 3/4
+    assert (summary["staleness_full_lag_steps"], summary["staleness_realised_inter_mean"],
+            summary["staleness_realised_intra_mean"]) == (3, 0.75, 0.0)
     assert all(not any(k.startswith(("time/", "throughput/")) for k in r) for r in rows)
     for key in ("loss", "mask/fraction", "kl_mu_pi/k3", "entropy_mu/mean",
                 "ratio_by_entropy/b0/count", "reward/mean", "staleness/mean"):

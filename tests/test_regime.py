@@ -9,16 +9,18 @@ from experiments.analysis import load_runs
 from experiments.analysis.regime import format_rows, main, regime_rows
 
 
-def _run(root, name, mode, seed, after, lr=3e-4, noise=0.5, gnorm=(0.1, 0.4)):
+def _run(root, name, mode, seed, after, lr=3e-4, noise=0.5, gnorm=(0.1, 0.4), intra=3):
     d = root / name
     d.mkdir(parents=True)
     cfg = {"name": "grpo_async" if name.startswith("method=grpo_async_") else "stress",
            "seed": seed, "rl_steps": 2, "objective": {"name": "grpo"},
            "optim": {"learning_rate": lr}, "sampler": {"logit_noise_std": noise},
-           "staleness": {"mode": mode, "inter_lag": 4, "intra_switches": 3}}
+           "staleness": {"mode": mode, "inter_lag": 4, "intra_switches": intra}}
     (d / "config.json").write_text(json.dumps(cfg))
     rows = [{"step": i, "reward/mean": 0.1, "train/grad_norm": g, "ess/token_fraction": 0.9 - i / 10,
-             "kl_mu_pi/k3": 0.01 * (i + 1), "entropy_pi/mean": 0.2 + i} for i, g in enumerate(gnorm)]
+             "kl_mu_pi/k3": 0.01 * (i + 1), "entropy_pi/mean": 0.2 + i,
+             "staleness/inter_mean": float(min(i, 4)), "staleness/intra_mean": 0.5 * i}
+            for i, g in enumerate(gnorm)]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (d / "summary.json").write_text(json.dumps({"eval_accuracy_after": after,
                                                 "eval_accuracy_before": 0.1}))
@@ -39,7 +41,10 @@ def test_gap_pairs_the_sync_baseline_by_setting_and_seed(tmp_path, capsys):
     assert r["gap"][2] == 3 and r["bites"] == "yes"
     assert r["sync"][0] == pytest.approx(0.30) and r["stale"][0] == pytest.approx(0.64 / 3)
     assert (r["gnorm_max"], r["ess_min"], r["k3_max"], r["entropy_last"]) == pytest.approx((0.4, 0.8, 0.02, 1.2))
+    # realised over all steps (inter 0, 1; intra 0, 0.5); no step is past inter 4 + intra 3
+    assert (r["inter_all"], r["intra_all"], r["full_lag_steps"]) == (0.5, 0.25, 0)
     assert "| grpo | 0.0003 | 0.5 | 2 | 4 | 3 |" in format_rows(rows)
+    assert "| 0.5 | 0.2 | 0 of 2 |" in format_rows(rows)
     assert main([str(tmp_path), "--value", "eval_gain"]) == 0
     assert "-0.087 ± 0.080 (3)" in capsys.readouterr().out
 
@@ -47,9 +52,11 @@ def test_gap_pairs_the_sync_baseline_by_setting_and_seed(tmp_path, capsys):
 def test_a_gap_whose_interval_straddles_zero_does_not_bite(tmp_path):
     for seed, (s, a) in enumerate([(0.30, 0.20), (0.25, 0.30)]):
         _run(tmp_path, f"sync{seed}", "sync", seed, s)
-        _run(tmp_path, f"async{seed}", "simulated", seed, a)
+        _run(tmp_path, f"async{seed}", "simulated", seed, a, gnorm=(0.1,) * 7, intra=1)
     (row,) = regime_rows(load_runs(tmp_path))
     assert row["gap"][0] == pytest.approx(-0.025) and row["bites"] == "no"
+    # 7 steps at inter 4 + intra 1: steps 5 and 6 are at the full lag
+    assert row["full_lag_steps"] == 2 and row["inter_all"] == pytest.approx(18 / 7)  # 0+1+2+3+4+4+4
 
 
 def test_rows_use_the_paired_seeds_only_and_one_seed_does_not_decide(tmp_path, capsys):

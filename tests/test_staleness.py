@@ -202,14 +202,17 @@ def test_measured_staleness_against_configured(cfg):
     realises every switch (always when it has >= switch_window tokens); otherwise
     inter == k + u and intra == D - u with u the switches past its end. The metrics report
     the same numbers."""
-    seen_short = seen_long = 0
+    seen_short = seen_long = full_seen = steps = 0
     for n, batch, m, switch_steps in _drive(cfg, SHORT_AND_LONG):
+        steps += 1
         k = n - batch.generation_version
         d = batch.generation_version - batch.first_version
         assert d == len(switch_steps)
         if n >= cfg.max_lag + cfg.intra_switches:  # past warm-up: the configured values
             assert (k, d) == (st.inter_lag(cfg, n), cfg.intra_switches)
         assert (m["staleness/inter_planned"], m["staleness/intra_planned"]) == (k, d)
+        assert st.planned_lag(cfg, n) == (k, d)
+        full_seen += (k, d) == (st.inter_lag(cfg, n), cfg.intra_switches)
         unrealised = []
         for t in batch.trajectories:
             inter, intra = st.trajectory_staleness(n, t.token_version, t.loss_mask)
@@ -225,6 +228,19 @@ def test_measured_staleness_against_configured(cfg):
         assert m["staleness/all_switches_frac"] == np.mean(np.array(unrealised) == 0)
         assert m["staleness/total_mean"] == k + d
     assert seen_long > 0 and seen_short > 0  # both regimes were exercised
+    assert st.full_lag_steps(cfg, steps) == full_seen  # what the driven loop planned
+
+
+def test_full_lag_steps_counts_the_steps_after_the_delay_line_fills():
+    """Inter lag 30 + 3 switches over 40 steps: only steps 33..39 train at the full lag
+    (step n's batch is made at version max(0, n - 30) with min(3, that) switches)."""
+    cfg = st.StalenessConfig(inter_lag=30, intra_switches=3, switch_window=48, ring_size=10)
+    assert st.full_lag_steps(cfg, 40) == 7
+    assert [st.planned_lag(cfg, n) for n in (0, 29, 30, 32, 33, 39)] == [
+        (0, 0), (29, 0), (30, 0), (30, 2), (30, 3), (30, 3)]
+    assert st.full_lag_steps(cfg, 33) == 0
+    assert st.full_lag_steps(st.StalenessConfig(mode="sync"), 40) == 40
+    assert st.full_lag_steps(st.StalenessConfig(mode="async", max_staleness=2), 40) == 40
 
 
 def test_long_responses_measure_exactly_the_configured_lags():

@@ -24,6 +24,14 @@ value over its RL steps): ``gnorm max`` (largest ``train/grad_norm``), ``ESS min
 (smallest ``ess/token_fraction``), ``k3 max`` (largest ``kl_mu_pi/k3``, the k3 estimate of
 KL(mu||pi)), ``entropy last`` (``entropy_pi/mean`` of the last step). The method is the
 comparison label of a comparison sweep (``grpo_async``), else the objective name.
+
+What the lag settings realise (means over the stale runs' seeds): ``inter (all)`` and
+``intra (all)``, the measured per-trajectory staleness averaged over *every* RL step
+(`experiments.analysis.runs.measured_staleness` with ``skip=0``), and ``full-lag steps``,
+how many of the run's steps come after the first ``inter_lag + intra_switches`` (before
+them the delay line is not full: a batch can be no older than version 0, so the first
+``inter_lag`` steps all train on the starting policy's samples). A 40-step run at inter
+lag 30 realises a mean inter staleness of about 18 and has 7 steps at the full lag.
 Unfinished runs (no ``summary.json``) are left out and counted.
 
 Usage::
@@ -40,7 +48,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from experiments.analysis.runs import Run, final_reward, load_runs
+from experiments.analysis.runs import Run, final_reward, load_runs, measured_staleness
 from experiments.analysis.stats import excludes_zero, mean_ci
 
 VALUES = ("eval_after", "final_reward", "eval_gain")
@@ -96,8 +104,9 @@ def regime_rows(runs: Iterable[Run], value_name: str = "eval_after") -> list[dic
     """One row per (stale method, setting, inter, intra) with a sync baseline of the same
     setting on at least one common seed: ``method, lr, noise, steps, inter, intra, sync,
     stale, gap`` (each ``(mean, half_width, n)`` over the paired seeds), ``bites``
-    (``"yes"``/``"no"``/``"n/a"``) and the stale runs' mean indicators. Only finished runs
-    (a summary) count.
+    (``"yes"``/``"no"``/``"n/a"``), the stale runs' mean indicators and what their lag
+    realised (``inter_all``, ``intra_all``, ``full_lag_steps``; module doc). Only finished
+    runs (a summary) count.
 
     Raises:
       ValueError: an unknown ``value_name``.
@@ -119,12 +128,17 @@ def regime_rows(runs: Iterable[Run], value_name: str = "eval_after") -> list[dic
             continue
         gap = mean_ci([value(mine[s], value_name) - base[s] for s in seeds])
         ind = [indicators(mine[s]) for s in seeds]
+        realised = [measured_staleness(mine[s], skip=0) for s in seeds]
+        full = [sum(m["step"] >= inter + intra for m in mine[s].metrics) for s in seeds]
         bites = "n/a" if gap[2] < 2 else ("yes" if gap[0] < 0 and excludes_zero(gap[0], gap[1]) else "no")
         rows.append({
             "method": method, "lr": lr, "noise": noise, "steps": steps, "inter": inter,
             "intra": intra, "sync": mean_ci([base[s] for s in seeds]),
             "stale": mean_ci([value(mine[s], value_name) for s in seeds]), "gap": gap,
             "bites": bites, **{k: float(np.nanmean([i[k] for i in ind])) for k in ind[0]},
+            "inter_all": float(np.nanmean([x[0] for x in realised])),
+            "intra_all": float(np.nanmean([x[1] for x in realised])),
+            "full_lag_steps": float(np.mean(full)),
         })
     return rows
 
@@ -136,14 +150,15 @@ def format_rows(rows: list[dict[str, Any]], value_name: str = "eval_after") -> s
     ci = lambda t: f"{t[0]:.3f} ± {t[1]:.3f} ({t[2]})"  # noqa: E731
     head = (f"| method | lr | noise | steps | inter | intra | sync {value_name} | stale "
             f"{value_name} | gap stale-sync | bites | gnorm max | ESS min | k3 max | "
-            "entropy last |")
-    lines = [head, "|" + "---|" * 14]
+            "entropy last | inter (all) | intra (all) | full-lag steps |")
+    lines = [head, "|" + "---|" * 17]
     for r in rows:
         lines.append(
             f"| {r['method']} | {r['lr']:g} | {r['noise']:g} | {r['steps']} | {r['inter']} | "
             f"{r['intra']} | {ci(r['sync'])} | {ci(r['stale'])} | {ci(r['gap'])} | "
             f"{r['bites']} | {r['gnorm_max']:.3g} | {r['ess_min']:.3f} | "
-            f"{r['k3_max']:.3g} | {r['entropy_last']:.3f} |")
+            f"{r['k3_max']:.3g} | {r['entropy_last']:.3f} | {r['inter_all']:.1f} | "
+            f"{r['intra_all']:.1f} | {r['full_lag_steps']:g} of {r['steps']} |")
     return "\n".join(lines)
 
 
