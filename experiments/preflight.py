@@ -120,8 +120,10 @@ def lag_horizon(cfg: RunConfig) -> str | None:
     full = staleness.full_lag_steps(st, cfg.rl_steps)
     if 2 * full >= cfg.rl_steps:
         return None
+    lag = (f"inter_lag {st.inter_lag}" if st.inter_distribution == "fixed"
+           else f"inter_lag {st.inter_lag}..max_inter_lag {st.max_inter_lag}")
     return (f"only {full} of rl_steps={cfg.rl_steps} steps get the configured lag in full "
-            f"(staleness.inter_lag {st.max_lag} + intra_switches {st.intra_switches}): the "
+            f"(staleness.{lag} + intra_switches {st.intra_switches}): the "
             f"delay line fills first, and the first {min(st.inter_lag, cfg.rl_steps)} steps "
             "train on samples of the starting weights; raise rl_steps (or lower the lag) "
             "to measure the lag itself")
