@@ -34,6 +34,11 @@ import time
 
 import numpy as np
 
+try:  # imported as benchmarks.learner (tests) or run as a script from benchmarks/
+    from benchmarks.objectives import spread
+except ImportError:
+    from objectives import spread
+
 SMALL = dict(architecture="qwen2", vocab_size=16384, hidden_size=384, intermediate_size=1536,
              num_layers=6, num_heads=6, num_kv_heads=2, head_dim=64, attention_bias=True,
              tie_word_embeddings=True)
@@ -58,12 +63,6 @@ def _matmul_peak_fn(dtype, n=4096):
         return 2 * n**3 / (time.perf_counter() - t0)
 
     return measure
-
-
-def _spread(xs: list[float]) -> dict:
-    s = sorted(xs)
-    q = lambda p: s[min(int(round(p * (len(s) - 1))), len(s) - 1)]  # noqa: E731
-    return {"median": statistics.median(s), "p25": q(0.25), "p75": q(0.75), "min": s[0], "max": s[-1]}
 
 
 def _model_flops(cfg, n_params_matmul, batch, length) -> float:
@@ -152,18 +151,18 @@ def run_entr(shape: dict, *, batch: int, length: int, steps: int, dtype: str,
         "first_step_s_incl_compile": round(compile_s, 3),
         "steps": steps,
         "step_s": round(step_s, 4),
-        "step_s_spread": {k: round(v, 4) for k, v in _spread(step_times).items()},
+        "step_s_spread": {k: round(v, 4) for k, v in spread(step_times).items()},
         "tokens_per_s": round(batch * length / step_s, 1),
         "model_flops_per_step": flops,
         "achieved_flops_per_s": flops / step_s,
-        "load_1m": {k: round(v, 2) for k, v in _spread(load).items()},
+        "load_1m": {k: round(v, 2) for k, v in spread(load).items()},
         "loss_finite": bool(np.isfinite(float(metrics["loss"]))),
     }
     if peaks:
         out["matmul_peak_samples"] = len(peaks)
-        out["f32_matmul_peak_flops_per_s"] = _spread(peaks)
+        out["f32_matmul_peak_flops_per_s"] = spread(peaks)
         # Paired: step i's achieved FLOP/s over the peak sampled right after it.
-        out["fraction_of_matmul_peak"] = _spread([flops / t / p for t, p in zip(step_times, peaks)])
+        out["fraction_of_matmul_peak"] = spread([flops / t / p for t, p in zip(step_times, peaks)])
     stats = jax.devices()[0].memory_stats() or {}
     if "peak_bytes_in_use" in stats:
         out["peak_device_memory_gb"] = round(stats["peak_bytes_in_use"] / 2**30, 3)
