@@ -200,18 +200,20 @@ def planned_lag(cfg: StalenessConfig, n: int) -> tuple[int, int]:
     and its number of in-flight switches (what a trajectory realising every switch
     measures; module docstring). Equal to the configured ``(k_n, intra_switches)`` only
     from the step ``n >= k_n + intra_switches`` on: before it the delay line is not yet
-    full (no version older than 0 exists), so the first ``k_n`` batches all come from the
-    starting weights."""
+    full (no version older than 0 exists), and every batch ``n <= k_n`` (for a fixed lag
+    ``k``: the first ``k + 1``) is made by the starting weights."""
     g = generation_version(cfg, n)
     return n - g, (0 if cfg.mode == "sync" else min(cfg.intra_switches, g))
 
 
-def full_lag_steps(cfg: StalenessConfig, steps: int) -> int:
+def full_lag_steps(cfg: StalenessConfig, steps: int) -> int | None:
     """How many of the learner steps ``0 .. steps - 1`` get the configured lag in full
     (`planned_lag` equal to ``(k_n, intra_switches)``) in simulated mode; ``steps`` in
-    the other modes (sync has no lag; async's is measured, not planned)."""
-    if cfg.mode != "simulated":
+    sync mode (lag 0 throughout); None in async mode (its lag is measured, not planned)."""
+    if cfg.mode == "sync":
         return steps
+    if cfg.mode != "simulated":
+        return None
     return sum(planned_lag(cfg, n) == (inter_lag(cfg, n), cfg.intra_switches)
                for n in range(steps))
 

@@ -621,8 +621,9 @@ class Job:
             "objective": self.cfg.objective.name,
             "objective_config": dataclasses.asdict(self.objective.config),
             "staleness_mode": self.cfg.staleness.mode,
-            # what the lag realised over all steps (the delay line fills first) and how
-            # many steps got the configured lag in full (preflight.lag_horizon)
+            # what the lag realised over all steps (measured; the delay line fills first)
+            # and how many steps the schedule gives the configured lag in full (planned;
+            # None in async mode; preflight.lag_horizon)
             "staleness_realised_inter_mean": realised["inter"],
             "staleness_realised_intra_mean": realised["intra"],
             "staleness_full_lag_steps": full_lag_steps(self.cfg.staleness, self.cfg.rl_steps),

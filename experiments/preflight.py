@@ -110,8 +110,8 @@ def lag_horizon(cfg: RunConfig) -> str | None:
     """The warning for a simulated-staleness run too short for its lag, or None.
 
     The delay line fills during the first ``inter_lag + intra_switches`` steps: step ``n``
-    trains on samples no older than version 0, so the first ``inter_lag`` steps all train
-    on the starting weights' samples (`entr_jax.staleness.planned_lag`). When fewer than
+    trains on samples no older than version 0, so the first ``inter_lag + 1`` steps (a
+    fixed lag) all train on the starting weights' samples (`entr_jax.staleness.planned_lag`). When fewer than
     half of the ``rl_steps`` get the configured lag in full, the run mostly measures that
     start, not the lag, and the message says how many steps do."""
     st = cfg.staleness
@@ -122,11 +122,11 @@ def lag_horizon(cfg: RunConfig) -> str | None:
         return None
     lag = (f"inter_lag {st.inter_lag}" if st.inter_distribution == "fixed"
            else f"inter_lag {st.inter_lag}..max_inter_lag {st.max_inter_lag}")
+    start = sum(staleness.generation_version(st, n) == 0 for n in range(cfg.rl_steps))
     return (f"only {full} of rl_steps={cfg.rl_steps} steps get the configured lag in full "
-            f"(staleness.{lag} + intra_switches {st.intra_switches}): the "
-            f"delay line fills first, and the first {min(st.inter_lag, cfg.rl_steps)} steps "
-            "train on samples of the starting weights; raise rl_steps (or lower the lag) "
-            "to measure the lag itself")
+            f"(staleness.{lag} + intra_switches {st.intra_switches}): the delay line fills "
+            f"first, and {start} steps train on samples of the starting weights (version 0); "
+            "raise rl_steps (or lower the lag) to measure the lag itself")
 
 
 def read_model_config(model_dir: str | os.PathLike) -> ModelConfig:

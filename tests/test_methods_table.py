@@ -51,7 +51,7 @@ def test_method_rows_are_per_seed_means_with_t_intervals_and_paired_gaps(tmp_pat
     assert e["final_reward"][0] == pytest.approx(0.4)  # mean of the (only) 2 steps' rewards
     assert e["clip"][0] == pytest.approx((0.015 + 0.045) / 2)  # low + high, mean over steps
     assert (e["gnorm_max"], e["ess_min"], e["k3_max"]) == pytest.approx((1.5, 0.8, 0.02))
-    assert rows["grpo_async"]["mask"][0] == 0.0 and rows["grpo_async"]["gap"][0] == 0.0
+    assert rows["grpo_async"]["mask"][0] == 0.0 and rows["grpo_async"]["gap"][2] == 0  # no self-gap
     assert rows["icepop"]["gap"][2] == 0
     table = format_rows(list(rows.values()))
     assert "| entr | 0,1,2 | 0.390 ± " in table and "| 0.140 ± " in table
@@ -59,6 +59,8 @@ def test_method_rows_are_per_seed_means_with_t_intervals_and_paired_gaps(tmp_pat
     assert main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "(1 unfinished run(s) left out)" in out
+    assert main([str(tmp_path), "--reference", "grpo_sync"]) == 0
+    assert "no finished run of the reference method 'grpo_sync'" in capsys.readouterr().out
 
 
 def test_a_method_with_one_seed_twice_is_refused_with_both_runs_named(tmp_path, capsys):

@@ -2,6 +2,7 @@
 the sync baseline is paired by setting and seed, the gap's t interval is the hand value."""
 
 import json
+import math
 
 import pytest
 
@@ -9,21 +10,25 @@ from experiments.analysis import load_runs
 from experiments.analysis.regime import format_rows, main, regime_rows
 
 
-def _run(root, name, mode, seed, after, lr=3e-4, noise=0.5, gnorm=(0.1, 0.4), intra=3):
+def _run(root, name, mode, seed, after, lr=3e-4, noise=0.5, gnorm=(0.1, 0.4), intra=3,
+         full_lag=None):
     d = root / name
     d.mkdir(parents=True)
     cfg = {"name": "grpo_async" if name.startswith("method=grpo_async_") else "stress",
            "seed": seed, "rl_steps": 2, "objective": {"name": "grpo"},
            "optim": {"learning_rate": lr}, "sampler": {"logit_noise_std": noise},
-           "staleness": {"mode": mode, "inter_lag": 4, "intra_switches": intra}}
+           "staleness": {"mode": mode, "inter_lag": 4, "intra_switches": intra,
+                         "ring_size": intra + 1}}
     (d / "config.json").write_text(json.dumps(cfg))
     rows = [{"step": i, "reward/mean": 0.1, "train/grad_norm": g, "ess/token_fraction": 0.9 - i / 10,
              "kl_mu_pi/k3": 0.01 * (i + 1), "entropy_pi/mean": 0.2 + i,
              "staleness/inter_mean": float(min(i, 4)), "staleness/intra_mean": 0.5 * i}
             for i, g in enumerate(gnorm)]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (d / "summary.json").write_text(json.dumps({"eval_accuracy_after": after,
-                                                "eval_accuracy_before": 0.1}))
+    summary = {"eval_accuracy_after": after, "eval_accuracy_before": 0.1}
+    if full_lag is not None:  # recorded by runs made since the field exists
+        summary["staleness_full_lag_steps"] = full_lag
+    (d / "summary.json").write_text(json.dumps(summary))
 
 
 def test_gap_pairs_the_sync_baseline_by_setting_and_seed(tmp_path, capsys):
@@ -41,7 +46,8 @@ def test_gap_pairs_the_sync_baseline_by_setting_and_seed(tmp_path, capsys):
     assert r["gap"][2] == 3 and r["bites"] == "yes"
     assert r["sync"][0] == pytest.approx(0.30) and r["stale"][0] == pytest.approx(0.64 / 3)
     assert (r["gnorm_max"], r["ess_min"], r["k3_max"], r["entropy_last"]) == pytest.approx((0.4, 0.8, 0.02, 1.2))
-    # realised over all steps (inter 0, 1; intra 0, 0.5); no step is past inter 4 + intra 3
+    # realised over all steps (inter 0, 1; intra 0, 0.5); no step of 2 gets inter 4 + intra
+    # 3 in full (counted from the config's schedule: these summaries do not record it)
     assert (r["inter_all"], r["intra_all"], r["full_lag_steps"]) == (0.5, 0.25, 0)
     assert "| grpo | 0.0003 | 0.5 | 2 | 4 | 3 |" in format_rows(rows)
     assert "| 0.5 | 0.2 | 0 of 2 |" in format_rows(rows)
@@ -52,11 +58,11 @@ def test_gap_pairs_the_sync_baseline_by_setting_and_seed(tmp_path, capsys):
 def test_a_gap_whose_interval_straddles_zero_does_not_bite(tmp_path):
     for seed, (s, a) in enumerate([(0.30, 0.20), (0.25, 0.30)]):
         _run(tmp_path, f"sync{seed}", "sync", seed, s)
-        _run(tmp_path, f"async{seed}", "simulated", seed, a, gnorm=(0.1,) * 7, intra=1)
+        _run(tmp_path, f"async{seed}", "simulated", seed, a, gnorm=(0.1,) * 7, intra=1,
+             full_lag=1 + seed)  # the summary's count is used when recorded: 1 and 2
     (row,) = regime_rows(load_runs(tmp_path))
     assert row["gap"][0] == pytest.approx(-0.025) and row["bites"] == "no"
-    # 7 steps at inter 4 + intra 1: steps 5 and 6 are at the full lag
-    assert row["full_lag_steps"] == 2 and row["inter_all"] == pytest.approx(18 / 7)  # 0+1+2+3+4+4+4
+    assert row["full_lag_steps"] == 1.5 and row["inter_all"] == pytest.approx(18 / 7)  # 0+1+2+3+4+4+4
 
 
 def test_rows_use_the_paired_seeds_only_and_one_seed_does_not_decide(tmp_path, capsys):
@@ -69,3 +75,19 @@ def test_rows_use_the_paired_seeds_only_and_one_seed_does_not_decide(tmp_path, c
     assert row["method"] == "grpo_async"  # the comparison label, not the objective name
     assert main([str(tmp_path / "missing")]) == 2
     assert "regime: error: load_runs: no run directories" in capsys.readouterr().err
+
+
+def test_full_lag_is_blank_for_async_runs_and_counted_from_the_schedule_otherwise(tmp_path):
+    from experiments.analysis.regime import _of, full_lag
+
+    _run(tmp_path, "a", "async", 0, 0.2)
+    _run(tmp_path, "b", "simulated", 0, 0.2, gnorm=(0.1,) * 3, intra=1)
+    _run(tmp_path, "c", "simulated", 0, 0.2, full_lag=None)
+    runs = {r.path.name: r for r in load_runs(tmp_path)}
+    assert math.isnan(full_lag(runs["a"])) and _of(full_lag(runs["a"]), 2) == ""
+    # rl_steps 2 at inter 4 + 1: no step in full; with rl_steps 9, steps 5..8
+    assert full_lag(runs["b"]) == 0.0
+    cfg = json.loads((tmp_path / "b" / "config.json").read_text())
+    (tmp_path / "b" / "config.json").write_text(json.dumps(dict(cfg, rl_steps=9)))
+    assert full_lag(load_runs(tmp_path / "b")[0]) == 4.0
+    assert _of(4.0, 9) == "4 of 9"

@@ -48,8 +48,10 @@ def _mean_metric(run: Run, keys: tuple[str, ...]) -> float:
 def method_rows(runs: Iterable[Run], reference: str = "grpo_async") -> list[dict[str, Any]]:
     """One row per method label (sorted): ``method``, ``seeds``, each of `VALUES` and
     ``mask``/``clip`` as ``(mean, half_width, n)``, ``gap`` (``eval_after`` minus the
-    reference's on the common seeds, ``(mean, half_width, n)``; n = 0 without one) and the
-    seed-mean collapse indicators."""
+    reference's on the common seeds, ``(mean, half_width, n)``; n = 0 for the reference
+    itself and for a method with no common seed) and the seed-mean collapse indicators
+    (NaN when no seed has one). ``seeds`` lists the finished seeds; a value's n can be
+    smaller where a run lacks that value."""
     runs = [r for r in runs if r.summary is not None]
     groups: dict[str, dict[int, Run]] = {}
     for r in runs:
@@ -62,7 +64,7 @@ def method_rows(runs: Iterable[Run], reference: str = "grpo_async") -> list[dict
     rows = []
     for method, by_seed in sorted(groups.items()):
         mine = [by_seed[s] for s in sorted(by_seed)]
-        common = sorted(set(by_seed) & set(ref))
+        common = [] if method == reference else sorted(set(by_seed) & set(ref))
         ind = [indicators(r) for r in mine]
         row = {"method": method, "seeds": sorted(by_seed)}
         for v in VALUES:
@@ -72,7 +74,8 @@ def method_rows(runs: Iterable[Run], reference: str = "grpo_async") -> list[dict
         row["gap"] = mean_ci([value(by_seed[s], "eval_after") - value(ref[s], "eval_after")
                               for s in common])
         for k in ind[0]:
-            row[k] = float(np.nanmean([i[k] for i in ind]))
+            xs = [i[k] for i in ind if math.isfinite(i[k])]
+            row[k] = float(np.mean(xs)) if xs else math.nan
         rows.append(row)
     return rows
 
@@ -82,6 +85,10 @@ def _ci(t: tuple[float, float, int], digits: int = 3) -> str:
     if n == 0 or not math.isfinite(mean):
         return ""
     return f"{mean:.{digits}f} ± {half:.{digits}f} ({n})" if math.isfinite(half) else f"{mean:.{digits}f} (1)"
+
+
+def _num(x: float, spec: str) -> str:
+    return format(x, spec) if math.isfinite(x) else ""
 
 
 def format_rows(rows: list[dict[str, Any]], reference: str = "grpo_async") -> str:
@@ -95,8 +102,8 @@ def format_rows(rows: list[dict[str, Any]], reference: str = "grpo_async") -> st
         lines.append(
             f"| {r['method']} | {','.join(map(str, r['seeds']))} | {_ci(r['eval_after'])} | "
             f"{_ci(r['eval_gain'])} | {_ci(r['final_reward'])} | {_ci(r['mask'], 4)} | "
-            f"{_ci(r['clip'], 4)} | {_ci(r['gap'])} | {r['gnorm_max']:.3g} | "
-            f"{r['ess_min']:.3f} | {r['k3_max']:.3g} |")
+            f"{_ci(r['clip'], 4)} | {_ci(r['gap'])} | {_num(r['gnorm_max'], '.3g')} | "
+            f"{_num(r['ess_min'], '.3f')} | {_num(r['k3_max'], '.3g')} |")
     return "\n".join(lines)
 
 
@@ -114,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"methods: error: {err}", file=sys.stderr)
         return 2
     print(format_rows(rows, args.reference))
+    if rows and args.reference not in {r["method"] for r in rows}:
+        print(f"(no finished run of the reference method {args.reference!r}: no gaps; "
+              f"methods: {', '.join(r['method'] for r in rows)})")
     unfinished = sum(r.summary is None for r in runs)
     if unfinished:
         print(f"({unfinished} unfinished run(s) left out)")

@@ -28,10 +28,13 @@ comparison label of a comparison sweep (``grpo_async``), else the objective name
 What the lag settings realise (means over the stale runs' seeds): ``inter (all)`` and
 ``intra (all)``, the measured per-trajectory staleness averaged over *every* RL step
 (`experiments.analysis.runs.measured_staleness` with ``skip=0``), and ``full-lag steps``,
-how many of the run's steps come after the first ``inter_lag + intra_switches`` (before
-them the delay line is not full: a batch can be no older than version 0, so the first
-``inter_lag`` steps all train on the starting policy's samples). A 40-step run at inter
-lag 30 realises a mean inter staleness of about 18 and has 7 steps at the full lag.
+how many of the run's steps get the configured lag in full (the summary's
+``staleness_full_lag_steps``, else `entr_jax.staleness.full_lag_steps` of the run's
+config; blank for async runs, whose lag is measured, not planned). Before them the delay
+line is not full: a batch can be no older than version 0, so with a fixed lag ``k`` the
+first ``k + 1`` steps all train on the starting policy's samples. A 40-step run at inter
+lag 30 + 3 switches realises a mean inter staleness of about 18 and has 7 steps at the
+full lag.
 Unfinished runs (no ``summary.json``) are left out and counted.
 
 Usage::
@@ -48,6 +51,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from entr_jax import staleness
 from experiments.analysis.runs import Run, final_reward, load_runs, measured_staleness
 from experiments.analysis.stats import excludes_zero, mean_ci
 
@@ -93,6 +97,22 @@ def indicators(run: Run) -> dict[str, float]:
             "entropy_last": float(last[-1]["entropy_pi/mean"]) if last else math.nan}
 
 
+def full_lag(run: Run) -> float:
+    """Steps of ``run`` that got its configured lag in full: the summary's
+    ``staleness_full_lag_steps`` or, for runs made before it was recorded, the schedule's
+    count (`entr_jax.staleness.full_lag_steps`) for the config; NaN when the lag is not
+    planned (async mode) or the config is not readable."""
+    recorded = (run.summary or {}).get("staleness_full_lag_steps", "missing")
+    if recorded != "missing":
+        return math.nan if recorded is None else float(recorded)
+    try:
+        cfg = staleness.StalenessConfig(**run.config["staleness"])
+    except (TypeError, ValueError):
+        return math.nan
+    n = staleness.full_lag_steps(cfg, int(run.config["rl_steps"]))
+    return math.nan if n is None else float(n)
+
+
 def label(run: Run) -> str:
     """A comparison sweep's method label (the run is ``method=<label>_...`` and its config
     ``name`` is the label), else `Run.method`."""
@@ -129,7 +149,7 @@ def regime_rows(runs: Iterable[Run], value_name: str = "eval_after") -> list[dic
         gap = mean_ci([value(mine[s], value_name) - base[s] for s in seeds])
         ind = [indicators(mine[s]) for s in seeds]
         realised = [measured_staleness(mine[s], skip=0) for s in seeds]
-        full = [sum(m["step"] >= inter + intra for m in mine[s].metrics) for s in seeds]
+        full = [full_lag(mine[s]) for s in seeds]
         bites = "n/a" if gap[2] < 2 else ("yes" if gap[0] < 0 and excludes_zero(gap[0], gap[1]) else "no")
         rows.append({
             "method": method, "lr": lr, "noise": noise, "steps": steps, "inter": inter,
@@ -138,9 +158,13 @@ def regime_rows(runs: Iterable[Run], value_name: str = "eval_after") -> list[dic
             "bites": bites, **{k: float(np.nanmean([i[k] for i in ind])) for k in ind[0]},
             "inter_all": float(np.nanmean([x[0] for x in realised])),
             "intra_all": float(np.nanmean([x[1] for x in realised])),
-            "full_lag_steps": float(np.mean(full)),
+            "full_lag_steps": float(np.nanmean(full)) if any(np.isfinite(full)) else math.nan,
         })
     return rows
+
+
+def _of(full: float, steps: int) -> str:
+    return f"{full:g} of {steps}" if math.isfinite(full) else ""
 
 
 def format_rows(rows: list[dict[str, Any]], value_name: str = "eval_after") -> str:
@@ -158,7 +182,7 @@ def format_rows(rows: list[dict[str, Any]], value_name: str = "eval_after") -> s
             f"{r['intra']} | {ci(r['sync'])} | {ci(r['stale'])} | {ci(r['gap'])} | "
             f"{r['bites']} | {r['gnorm_max']:.3g} | {r['ess_min']:.3f} | "
             f"{r['k3_max']:.3g} | {r['entropy_last']:.3f} | {r['inter_all']:.1f} | "
-            f"{r['intra_all']:.1f} | {r['full_lag_steps']:g} of {r['steps']} |")
+            f"{r['intra_all']:.1f} | {_of(r['full_lag_steps'], r['steps'])} |")
     return "\n".join(lines)
 
 
