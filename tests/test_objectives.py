@@ -243,12 +243,14 @@ def test_tis_golden():
     # sequence: w = min(e^(.2-.1+1) = 3.004166, 2) = 2 on every token:
     # l = 2 * [-1.105171, 1.349859, -1] -> -1.510624/3 = -0.503541
     assert abs(value_grad("tis", lp, b, level="sequence")[0] - (-0.503541)) < TOL
-    # bypass (prox := mu, the given prox is ignored): w = 1, PPO on pi/mu with
-    # r = [e^.3, e^.2, e^1]: [-1.2, +1.221403, -1.2] -> -1.178597/3 = -0.392866
-    loss_b, m_b, _ = value_grad("tis", lp, b, ratio_mode="bypass")
-    assert abs(loss_b - (-0.392866)) < TOL
-    assert m_b["ratio_mode/decoupled"] == 0.0 and value_grad("tis", lp, b)[1]["ratio_mode/decoupled"] == 1.0
-    with pytest.raises(ValueError, match="ratio_mode='decoupled' needs batch.logp_prox"):
+    assert value_grad("tis", lp, b)[1]["ratio_mode/decoupled"] == 1.0
+    # bypass (prox := mu) would make w = min(mu/mu, 2) = 1: GRPO's loss, the cap inert
+    # (PPO on pi/mu, r = [e^.3, e^.2, e^1]: -1.178597/3, exactly grpo's value): refused
+    assert abs(value_grad("grpo", lp, b, aggregation="token_mean", clip_high=0.2)[0]
+               - (-0.392866)) < TOL
+    with pytest.raises(ValueError, match="TisConfig.ratio_mode='bypass' sets prox := mu"):
+        obj.make_objective("tis", ratio_mode="bypass")
+    with pytest.raises(ValueError, match=r"ratio_mode='decoupled' needs batch.logp_prox .*, but it is None\n"):
         value_grad("tis", lp, ns(b.logp_mu, b.advantages))
 
 
@@ -391,7 +393,7 @@ def test_objectives_declare_the_inputs_they_read():
     assert obj.make_objective("decoupled_ppo").inputs == {"logp_prox"}
     assert obj.make_objective("icepop").inputs == frozenset()
     assert obj.make_objective("kpop", ratio_mode="decoupled").inputs == {"logp_prox"}
-    assert obj.make_objective("tis", ratio_mode="bypass").inputs == frozenset()
+    assert obj.make_objective("tis").inputs == {"logp_prox"}
     with_stats = {n for n in obj.OBJECTIVES if obj.make_objective(n).batch_stats is not None}
     assert with_stats == {"m2po", "sat"}
     assert obj.make_objective("icepop", aggregation="token_mean_kept").batch_stats is not None

@@ -192,7 +192,8 @@ def proximal(inp: Inputs, cfg: Any, cls_name: str) -> Array:
         raise ValueError(
             f"{cls_name}.ratio_mode='decoupled' needs batch.logp_prox (log-probs of the "
             "proximal policy, the weights before the first update of the rollout batch), but "
-            "it is None; set ratio_mode='bypass' for the single-ratio pi/mu form"
+            "it is None" + ("" if cls_name == "TisConfig" else
+                            "; set ratio_mode='bypass' for the single-ratio pi/mu form")
         )
     return inp.logp_prox
 

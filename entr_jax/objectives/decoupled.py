@@ -14,8 +14,8 @@ clipped surrogate on ``u = pi/prox``:
 * `tis` (Yao et al., "Your efficient RL framework secretly brings you off-policy RL
   training", 2025; algorithms.md 4.5): ``w = min(prox/mu, cap)`` per token
   (``level="token"``) or ``w_i = min(exp(clip(sum_t log(prox/mu))), cap)`` per sequence
-  (``level="sequence"``); ``cap = 2``. When ``batch.logp_prox`` is None the objective runs
-  in *bypass* mode: ``prox := mu``, so ``w = 1`` and the loss is PPO on pi/mu.
+  (``level="sequence"``); ``cap = 2``. Needs ``batch.logp_prox``: a *bypass* mode
+  (``prox := mu``) would give ``w = 1`` and GRPO's loss, so `TisConfig` refuses it.
   Defaults: clip 0.2/0.2, ``token_mean``.
 """
 
@@ -103,7 +103,11 @@ class TisConfig(ObjectiveConfig):
       cap: truncation ``C`` of the weight (> 0); default 2.0.
       level: ``token`` | ``sequence``.
       clip_low, clip_high: clip band on ``pi/prox``; default 0.2/0.2.
-      ratio_mode: ``decoupled`` (reads ``batch.logp_prox``) | ``bypass`` (``prox := mu``).
+      ratio_mode: ``decoupled`` (reads ``batch.logp_prox``), the only accepted value: the
+        field exists so that a comparison base's ``ratio_mode`` reaches TIS and is refused
+        rather than silently applied. ``bypass`` (``prox := mu``) would make the weight
+        ``min(mu/mu, cap) = 1``: TIS would be GRPO's PPO clip on ``pi/mu`` and ``cap`` and
+        ``level`` would change nothing, so it raises ValueError.
       aggregation: default ``token_mean``.
     """
 
@@ -119,6 +123,12 @@ class TisConfig(ObjectiveConfig):
         check_range("TisConfig", "cap", self.cap, lo=0.0, lo_open=True)
         check_choice("TisConfig", "level", self.level, ("token", "sequence"))
         check_choice("TisConfig", "ratio_mode", self.ratio_mode, ("decoupled", "bypass"))
+        if self.ratio_mode == "bypass":
+            raise ValueError(
+                "TisConfig.ratio_mode='bypass' sets prox := mu, so the truncated weight "
+                "min(prox/mu, cap) is 1 on every token: TIS would be GRPO's PPO clip on pi/mu "
+                "and cap/level would do nothing; TIS needs ratio_mode='decoupled' (the "
+                "learner's own log-probs of the sampled tokens as prox)")
         self._clip()
 
     def inputs(self) -> frozenset[str]:
