@@ -193,3 +193,48 @@ def test_stored_configs_that_predate_a_field_are_not_a_difference(tmp_path):
     changed[name]["optim"]["weight_decay"] = 0.5
     bad = {c.run: c.violations for c in comparison.check_runs(spec, runs, changed)}
     assert bad[name] == ["optim.weight_decay"]
+
+
+@pytest.mark.parametrize("path", COMPARISON_SPECS, ids=lambda p: p.name)
+def test_every_compared_method_computes_something_of_its_own(path):
+    """A method whose own parameters are inert under the shared base is the reference in
+    disguise (TIS in bypass mode, prox := mu, was async GRPO: its weight min(mu/mu, 2) = 1).
+    On a stale batch, with the proximal log-probs equal to the current ones (one update
+    per rollout batch, as these specs run), every method's loss or gradient differs from
+    async GRPO's; only methods declaring run overrides (GRPO sync) may share its objective."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from experiments.objective import build_objective
+    from tests.test_objectives import ns
+
+    spec = sweep.load_spec(path)
+    points = dict(comparison.method_points(spec))
+    _, methods = comparison.parse_methods(spec)
+    rng = np.random.default_rng(0)
+    logp_pi = jnp.asarray(-rng.uniform(0.05, 3.0, (4, 16)), jnp.float32)
+    logp_mu = logp_pi + jnp.asarray(rng.normal(0.0, 0.7, (4, 16)), jnp.float32)
+    batch = ns(logp_mu, np.repeat([[1.0], [-1.0], [0.5], [-0.5]], 16, axis=1),
+               entropy_mu=jnp.asarray(rng.uniform(0.05, 3.0, (4, 16)), jnp.float32),
+               logp_prox=logp_pi, num_loss_tokens=jnp.float32(64))
+
+    def value_grad(label):
+        f = build_objective(comparison.resolve(spec["preset"], points[f"method={label}"]))
+        stats = f.batch_stats(logp_pi, batch) if f.batch_stats is not None else {}
+        b = ns(batch.logp_mu, batch.advantages, entropy_mu=batch.entropy_mu,
+               logp_prox=batch.logp_prox, num_loss_tokens=batch.num_loss_tokens, **stats)
+        (loss, _), g = jax.value_and_grad(lambda x: f(x, b), has_aux=True)(logp_pi)
+        return float(loss), np.asarray(g)
+
+    if "method=grpo_async" not in points:
+        pytest.skip(f"{path.name} compares no async GRPO")
+    ref_loss, ref_grad = value_grad("grpo_async")
+    compared = []
+    for m in methods:
+        if m.label == "grpo_async" or m.overrides:
+            continue
+        loss, grad = value_grad(m.label)
+        assert abs(loss - ref_loss) > 1e-6 or np.max(np.abs(grad - ref_grad)) > 1e-6, m.label
+        compared.append(m.label)
+    assert len(compared) == sum(1 for m in methods if m.label != "grpo_async" and not m.overrides)
