@@ -124,7 +124,7 @@ def lag_horizon(cfg: RunConfig) -> str | None:
            else f"inter_lag {st.inter_lag}..max_inter_lag {st.max_inter_lag}")
     start = sum(staleness.generation_version(st, n) == 0 for n in range(cfg.rl_steps))
     return (f"only {full} of rl_steps={cfg.rl_steps} steps get the configured lag in full "
-            f"(staleness.{lag} + intra_switches {st.intra_switches}): the delay line fills "
+            f"(staleness.{lag} + staleness.intra_switches {st.intra_switches}): the delay line fills "
             f"first, and {start} steps train on samples of the starting weights (version 0); "
             "raise rl_steps (or lower the lag) to measure the lag itself")
 

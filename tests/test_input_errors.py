@@ -383,7 +383,7 @@ def test_a_run_too_short_for_its_lag_is_warned_with_the_full_lag_step_count(tmp_
         STRESS.staleness, inter_lag=30, intra_switches=3))
     assert preflight.lag_horizon(long_lag) == (
         "only 7 of rl_steps=40 steps get the configured lag in full (staleness.inter_lag 30 "
-        "+ intra_switches 3): the delay line fills first, and 31 steps train on samples of "
+        "+ staleness.intra_switches 3): the delay line fills first, and 31 steps train on samples of "
         "the starting weights (version 0); raise rl_steps (or lower the lag) to measure the "
         "lag itself")  # steps 0..30 are made at version max(0, n - 30) = 0
     assert preflight.lag_horizon(dataclasses.replace(long_lag, rl_steps=66)) is None  # 33 of 66

@@ -127,8 +127,9 @@ class TisConfig(ObjectiveConfig):
             raise ValueError(
                 "TisConfig.ratio_mode='bypass' sets prox := mu, so the truncated weight "
                 "min(prox/mu, cap) is 1 on every token: TIS would be GRPO's PPO clip on pi/mu "
-                "and cap/level would do nothing; TIS needs ratio_mode='decoupled' (the "
-                "learner's own log-probs of the sampled tokens as prox)")
+                "and cap/level would do nothing; TIS needs ratio_mode='decoupled' "
+                "(--objective.tis.ratio_mode decoupled: the learner's own log-probs of the "
+                "sampled tokens as prox)")
         self._clip()
 
     def inputs(self) -> frozenset[str]:

@@ -1,9 +1,15 @@
-"""The method-comparison table of a comparison sweep (issue 12 section 4): per method, over
-its seeds, the held-out accuracy after RL, its gain over the run's own before-RL accuracy,
+"""The method-comparison table of a comparison sweep (docs/stress.md section 4): per
+method, over its seeds, the held-out accuracy after RL, its gain over the run's own before-RL accuracy,
 the final training reward, the fraction of loss tokens the method's gate rejected, and the
 collapse indicators; each stochastic value as ``mean ± 95% t half-width (n seeds)``
 (`experiments.analysis.stats.mean_ci`), and the paired gap of each method to a reference
 method (default ``grpo_async``) over the seeds both ran.
+
+Columns: ``seeds`` (the finished seeds), ``eval after`` (held-out avg@k after RL, the
+summary's ``eval_accuracy_after``), ``eval gain`` (after minus the run's before-RL
+accuracy), ``final reward`` (mean training reward of the last 10 RL steps' rollouts),
+``mask`` and ``clip`` (fractions of loss tokens, not percent), the gap to the reference;
+``(n)`` is the number of seeds a value is over.
 
 * ``mask`` is ESTR's rho_mask: the per-step ``mask/fraction`` (loss tokens rejected by the
   acceptance rule; ``docs/algorithms.md``) averaged over a run's steps, then over seeds.
@@ -12,7 +18,7 @@ method (default ``grpo_async``) over the seeds both ran.
   gradient the clip removes); blank for a method without a clip band (M2PO).
 * ``gnorm max``, ``ESS min``, ``k3 max`` are each run's largest gradient norm, smallest
   token ESS fraction and largest k3 KL(mu||pi) (`experiments.analysis.regime.indicators`),
-  averaged over seeds.
+  averaged over seeds (the mean of the per-run extremes, not the extreme of all runs).
 
 Methods are comparison labels (``method=<label>_...`` run names, e.g. ``grpo_sync``).
 Only finished runs (a ``summary.json``) count.
