@@ -38,7 +38,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from experiments.analysis.regime import indicators, label, value
-from experiments.analysis.runs import Run, load_runs
+from experiments.analysis.runs import Run, print_table
 from experiments.analysis.stats import mean_ci
 
 VALUES = ("eval_after", "eval_gain", "final_reward")
@@ -120,21 +120,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reference", default="grpo_async",
                    help="the method each gap is taken against (default grpo_async)")
     args = p.parse_args(argv)
-    try:
-        runs = load_runs(args.runs)
-        rows = method_rows(runs, args.reference)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"methods: error: {err}", file=sys.stderr)
-        return 2
-    print(format_rows(rows, args.reference))
-    if rows and args.reference not in {r["method"] for r in rows}:
-        print(f"(no finished run of the reference method {args.reference!r}: no gaps; "
-              f"methods: {', '.join(r['method'] for r in rows)})")
-    unfinished = sum(r.summary is None for r in runs)
-    if unfinished:
-        print(f"({unfinished} unfinished run(s) left out)")
-    return 0
 
+    def render(runs: list[Run]) -> str:
+        rows = method_rows(runs, args.reference)
+        text = format_rows(rows, args.reference)
+        if rows and args.reference not in {r["method"] for r in rows}:
+            text += (f"\n(no finished run of the reference method {args.reference!r}: no gaps; "
+                     f"methods: {', '.join(r['method'] for r in rows)})")
+        return text
+
+    return print_table("methods", args.runs, render)
 
 if __name__ == "__main__":
     sys.exit(main())

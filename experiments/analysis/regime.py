@@ -52,7 +52,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from entr_jax import staleness
-from experiments.analysis.runs import Run, final_reward, load_runs, measured_staleness
+from experiments.analysis.runs import Run, final_reward, measured_staleness, print_table
 from experiments.analysis.stats import excludes_zero, mean_ci
 
 VALUES = ("eval_after", "final_reward", "eval_gain")
@@ -194,17 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="eval_after (held-out avg@k after RL; default), eval_gain (after - "
                         "before) or final_reward (last 10 steps' rollouts)")
     args = p.parse_args(argv)
-    try:
-        runs = load_runs(args.runs)
-    except FileNotFoundError as err:
-        print(f"regime: error: {err}", file=sys.stderr)
-        return 2
-    print(format_rows(regime_rows(runs, args.value), args.value))
-    unfinished = sum(r.summary is None for r in runs)
-    if unfinished:
-        print(f"({unfinished} unfinished run(s) left out)")
-    return 0
-
+    return print_table("regime", args.runs,
+                       lambda runs: format_rows(regime_rows(runs, args.value), args.value))
 
 if __name__ == "__main__":
     sys.exit(main())

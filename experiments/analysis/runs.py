@@ -10,7 +10,8 @@ import json
 import math
 import os
 import pathlib
-from typing import Any, Iterable, Sequence
+import sys
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -90,6 +91,23 @@ def load_runs(root: str | os.PathLike) -> list[Run]:
     if not dirs:
         raise FileNotFoundError(f"load_runs: no run directories under {root}")
     return [load_run(d) for d in dirs]
+
+
+def print_table(prog: str, root: str | os.PathLike, render: Callable[[list[Run]], str]) -> int:
+    """The command-line tail of the analysis tables: prints ``render(load_runs(root))`` and
+    how many runs were unfinished (no ``summary.json``); returns 0, or 2 after printing
+    ``<prog>: error: ...`` when there are no runs or ``render`` raises ValueError."""
+    try:
+        runs = load_runs(root)
+        text = render(runs)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return 2
+    print(text)
+    unfinished = sum(r.summary is None for r in runs)
+    if unfinished:
+        print(f"({unfinished} unfinished run(s) left out)")
+    return 0
 
 
 def runs_root(default: str | os.PathLike) -> pathlib.Path:
