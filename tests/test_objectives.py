@@ -164,6 +164,22 @@ def test_entr_golden():
     assert abs(value_grad("estr", lp, b)[0] - loss) < TOL
 
 
+def test_entr_refuses_a_kept_token_aggregation_with_the_all_tokens_denominator():
+    # aggregation='token_mean_kept' with denominator='all_tokens' used to be accepted and
+    # silently divided by the kept tokens (here 2 of 3: -0.1143645, not -0.076243).
+    with pytest.raises(ValueError, match=r"EntrConfig\.aggregation='token_mean_kept'.*"
+                                         r"EntrConfig\.denominator='all_tokens'"):
+        obj.EntrConfig(aggregation="token_mean_kept", denominator="all_tokens")
+    with pytest.raises(ValueError, match="denominator"):
+        obj.make_objective("entr", aggregation="token_mean_kept")  # default denominator
+    # the consistent pair keeps its meaning: divided by the kept tokens
+    mu = jnp.full((1, 3), -1.0)
+    b = ns(mu, [[1.0, 1.0, -1.0]], entropy_mu=jnp.array([[1.0, 1.0, 0.0]]))
+    lp = mu + jnp.array([[0.9, 1.1, 0.05]])
+    loss, _, _ = value_grad("entr", lp, b, aggregation="token_mean_kept", denominator="kept_tokens")
+    assert abs(loss - (-0.1143645)) < TOL
+
+
 def test_entr_current_full_entropy():
     mu = jnp.full((1, 3), -1.0)
     lp = mu + jnp.array([[0.9, 1.1, 0.05]])

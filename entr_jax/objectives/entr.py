@@ -58,7 +58,8 @@ class EntrConfig(ObjectiveConfig):
       entropy_source: ``behavior_full`` | ``behavior_topk`` | ``current_full``.
       denominator: ``all_tokens`` (as transcribed) | ``kept_tokens``; ``kept_tokens``
         needs ``aggregation`` in {token_mean, token_mean_kept} and turns it into
-        ``token_mean_kept``.
+        ``token_mean_kept``; ``all_tokens`` with ``aggregation="token_mean_kept"`` is a
+        contradiction and raises ValueError.
       aggregation: default ``token_mean``.
     """
 
@@ -81,6 +82,13 @@ class EntrConfig(ObjectiveConfig):
             raise ValueError(
                 f"EntrConfig.denominator='kept_tokens' needs aggregation 'token_mean' or "
                 f"'token_mean_kept', got aggregation={self.aggregation!r}"
+            )
+        if self.denominator == "all_tokens" and self.aggregation == "token_mean_kept":
+            raise ValueError(
+                "EntrConfig.aggregation='token_mean_kept' divides by the kept tokens, but "
+                "EntrConfig.denominator='all_tokens' asks for all response tokens; set "
+                "denominator='kept_tokens' (kept tokens) or aggregation='token_mean' (all "
+                "tokens)"
             )
 
     @property
