@@ -15,6 +15,13 @@ Metrics of one optimizer step (over its loss tokens; nats for entropies):
   excluded, never averaged); ``tokens/entropy_mu_unknown`` counts the others;
 * ``log_ratio_pi_mu/mean``, ``log_ratio_pi_mu/abs_max``; ``kl_mu_pi/k3``
   (`entr_jax.metrics.k3_sum`);
+* every per-token log-ratio ``log(pi/mu)`` of these diagnostics (mean, ``abs_max``, the
+  ``delta_sq`` of the entropy buckets, k3, the token ESS weights) is clipped to
+  ``[-20, 20]`` (``_LOG_CLIP``, the objectives' ``LOG_RATIO_CLIP``): with sampling filters
+  a sampled token outside pi's kept set has ``logp_pi = LOGP_OUTSIDE_KEPT = -1e4``
+  (`entr_jax.logprobs`), and one such token among 1000 would otherwise move the mean by
+  -10 and set ``abs_max`` to ~1e4; clipped it counts as -20. The sequence weight of
+  ``ess/seq_fraction`` clips the row's *sum* (below), as VCPO defines it;
 * ``ess/token_fraction``: effective sample size over N of the token importance weights
   ``w = pi/mu``, ``(sum w)^2 / (N sum w^2)`` (Kong 1992; 1 on-policy, small when a few
   tokens carry the weight, an early sign of collapse under staleness);
@@ -67,13 +74,14 @@ def token_sums(logp: jax.Array, entropy: jax.Array, batch: Any, version: jax.Arr
     mask = batch.loss_mask
     f32 = jnp.float32
     valid_h = mask if batch.entropy_mu_valid is None else mask & batch.entropy_mu_valid
-    log_ratio = jnp.where(mask, logp - batch.logp_mu, 0.0)
+    raw_log_ratio = jnp.where(mask, logp - batch.logp_mu, 0.0)
+    log_ratio = jnp.clip(raw_log_ratio, -_LOG_CLIP, _LOG_CLIP)  # see the module docstring
     ent = jnp.where(mask, entropy, 0.0)
     ent_mu = jnp.where(valid_h, batch.entropy_mu, 0.0)
     staleness = jnp.where(mask, (version - batch.token_version).astype(f32), 0.0)
-    w = jnp.where(mask, jnp.exp(jnp.clip(log_ratio, -_LOG_CLIP, _LOG_CLIP)), 0.0)
+    w = jnp.where(mask, jnp.exp(log_ratio), 0.0)
     rows = jnp.any(mask, axis=-1)
-    seq_w = jnp.where(rows, jnp.exp(jnp.clip(jnp.sum(log_ratio, axis=-1), -_LOG_CLIP, _LOG_CLIP)), 0.0)
+    seq_w = jnp.where(rows, jnp.exp(jnp.clip(jnp.sum(raw_log_ratio, axis=-1), -_LOG_CLIP, _LOG_CLIP)), 0.0)
     sums = {
         "tokens/num_loss_tokens": jnp.sum(mask, dtype=f32),
         "tokens/entropy_mu_unknown": jnp.sum(mask & ~valid_h, dtype=f32),
