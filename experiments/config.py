@@ -434,6 +434,27 @@ class RunConfig:
                          f"{off} (off) with sampler.kind='sglang': SGLang returns log-probs of "
                          "the tempered distribution before top-k/top-p/min-p, so the learner "
                          "could not score the distribution the tokens were drawn from")
+        # A KL penalty to the reference (GRPO's k3, DeepSeekMath eq. 4) is between the
+        # policies; under sampling filters logp_ref is the reference's truncated
+        # distribution, -1e4 on the sampled tokens outside its kept set, where k3 is a
+        # clipped constant with no gradient (learners.learner.check_reference_filters).
+        if "logp_ref" in self.objective.selected().inputs():
+            on = [f"--sampling.{name} {getattr(self.sampling, name)}"
+                  for name, off in (("top_p", 1.0), ("top_k", -1), ("min_p", 0.0))
+                  if getattr(self.sampling, name) != off]
+            if on:
+                section = "entr" if self.objective.name in _ALIASES else self.objective.name
+                coef = getattr(self.objective.selected(), "kl_coef", None)
+                kl = (f"--objective.{section}.kl_coef {coef}" if coef is not None
+                      else f"objective.{section}")
+                raise ValueError(
+                    f"{kl} (a k3 KL penalty to the reference policy) cannot be used with "
+                    f"sampling filters ({', '.join(on)}): the reference is then scored under "
+                    "its filtered distribution, a sampled token outside its kept set gets the "
+                    "stand-in log-prob -1e4 and the KL term is a clipped constant with no "
+                    "gradient exactly where the policy left the reference's support. Set "
+                    f"--objective.{section}.kl_coef 0 or turn the filters off "
+                    "(--sampling.top_p 1.0 --sampling.top_k -1 --sampling.min_p 0.0)")
         # ENTR's entropy source must name what the sampler provides: the embedded sampler
         # reports the exact entropy of mu, the SGLang fleet a top-k estimate where the engine
         # does not report it (docs/sglang.md section 4).

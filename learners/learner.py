@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from entr_jax.sampling_filter import check_filter
+from entr_jax.sampling_filter import check_filter, filter_active
 from entr_jax.sharding import MeshConfig, make_mesh
 from entr_jax.types import Trajectory
 from learners.batching import make_batch
@@ -34,7 +34,7 @@ from learners.optim import OptimizerConfig, make_optimizer, make_schedule
 from learners.state import TrainState, check_params, create_train_state
 from learners.step import make_logprob_fn, make_train_step
 
-__all__ = ["Learner", "LearnerConfig", "NonFiniteError", "NonFiniteGuard"]
+__all__ = ["Learner", "LearnerConfig", "NonFiniteError", "NonFiniteGuard", "check_reference_filters"]
 
 
 class NonFiniteError(RuntimeError):
@@ -71,6 +71,37 @@ class NonFiniteGuard:
                 f"step {step}: {self.consecutive} consecutive steps with non-finite {name} "
                 f"(= {metrics.get(name)}); updates were skipped, stopping the run"
             )
+
+
+def check_reference_filters(objective: Callable | None, config: "LearnerConfig") -> None:
+    """Refuse a KL penalty to the reference policy under sampling filters.
+
+    With ``top_k``/``top_p``/``min_p`` on, ``logp_ref`` is scored under the reference's
+    *filtered* distribution (the same ``logprob_fn`` as ``logp_pi``), so a sampled token
+    outside the reference's kept set gets ``LOGP_OUTSIDE_KEPT = -1e4``
+    (`entr_jax.logprobs`) instead of its true ``-inf``: GRPO's k3 term (DeepSeekMath eq. 4)
+    then clips ``logp_ref - logp_pi`` to -20 and adds the constant 19.0 with zero gradient,
+    i.e. no penalty exactly where pi left the reference's support. KL(pi || ref) between
+    truncated policies is not defined there, so the combination is refused.
+
+    Raises:
+      ValueError: ``"logp_ref" in objective.inputs`` and a filter is on; names the fields.
+    """
+    if "logp_ref" not in getattr(objective, "inputs", frozenset()):
+        return
+    if not filter_active(config.top_k, config.top_p, config.min_p):
+        return
+    on = ", ".join(f"LearnerConfig.{name}={getattr(config, name)!r}"
+                   for name, off in (("top_k", -1), ("top_p", 1.0), ("min_p", 0.0))
+                   if getattr(config, name) != off)
+    name = getattr(objective, "name", "the objective")
+    raise ValueError(
+        f"{name} reads logp_ref (a k3 KL penalty to the reference policy, e.g. "
+        f"GrpoConfig.kl_coef > 0), but sampling filters are on ({on}): a sampled token "
+        "outside the reference's filtered (truncated) support gets the stand-in log-prob "
+        "-1e4, so the KL term is a clipped constant with no gradient exactly where pi left "
+        "that support. Set kl_coef=0 or turn the filters off (top_k=-1, top_p=1.0, "
+        "min_p=0.0)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +179,10 @@ class Learner:
         0.5B shape, random weights and their optimizer state cost 3x the weights' memory
         before `load_params` could replace them. The arrays are donated when already in
         place; do not use them afterwards.
+
+    Raises:
+      ValueError: the objective reads ``logp_ref`` (a KL penalty, e.g. GRPO's ``kl_coef >
+        0``) while a sampling filter is on (`check_reference_filters`).
     """
 
     def __init__(
@@ -163,6 +198,7 @@ class Learner:
         params: nnx.State | None = None,
     ):
         self.config = config
+        check_reference_filters(objective, config)
         self.mesh = make_mesh(config.mesh, devices)
         self.tx = make_optimizer(config.optimizer)
         self.state, self.shardings = create_train_state(module_fn, self.tx, self.mesh, config.seed,

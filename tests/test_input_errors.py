@@ -55,6 +55,13 @@ PARSE_CASES = [
      "staleness.max_staleness only applies to staleness.mode=async; this run is "
      "staleness.mode=simulated"),
     (["--objective.name", "nope"], "nope"),
+    (["--objective.name", "grpo", "--objective.grpo.kl_coef", "0.04", "--sampling.top_p", "0.9"],
+     "--objective.grpo.kl_coef 0.04 (a k3 KL penalty to the reference policy) cannot be used "
+     "with sampling filters (--sampling.top_p 0.9)"),
+    (["--objective.name", "grpo", "--objective.grpo.kl_coef", "0.04", "--sampling.top_k", "5",
+      "--sampling.min_p", "0.05"],
+     "sampling filters (--sampling.top_k 5, --sampling.min_p 0.05): the reference is then scored "
+     "under its filtered distribution"),
 ]
 
 

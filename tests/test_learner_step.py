@@ -186,6 +186,21 @@ def test_guard_stops_after_n_consecutive():
         guard.update(7, {"train/skipped": 1.0, "loss": 2.0, "train/grad_norm": float("inf")})
 
 
+@pytest.mark.parametrize("filters, named", [
+    ({"top_p": 0.9}, "LearnerConfig.top_p=0.9"),
+    ({"top_k": 5, "min_p": 0.1}, "LearnerConfig.top_k=5, LearnerConfig.min_p=0.1"),
+])
+def test_kl_to_the_reference_is_refused_under_sampling_filters(filters, named):
+    # logp_ref would be the reference's filtered log-prob: -1e4 on sampled tokens outside its
+    # kept set, where k3 = exp(-20) + 20 - 1 = 19.0 is a constant without gradient.
+    from learners.learner import Learner, LearnerConfig
+
+    kl = make_objective("grpo", kl_coef=0.04)
+    with pytest.raises(ValueError, match=r"grpo reads logp_ref .*kl_coef.*" + named.replace(".", r"\.")):
+        Learner(_module, LearnerConfig(mesh=MeshConfig(1, 1, 1), **filters), objective=kl,
+                devices=jax.devices()[:1])
+
+
 def test_sft_step_and_logprob_fn_on_sharded_mesh(data2_fsdp4):
     mesh, shardings = data2_fsdp4["mesh"], data2_fsdp4["shardings"]
     state = data2_fsdp4["state"]
