@@ -3,8 +3,10 @@
 `token_sums` turns the ``[..., T]`` arrays of an optimizer batch (any leading axes, e.g.
 ``[M, b, T]`` microbatched) into sums and maxima over its loss tokens; `finalize` turns
 them into the logged metrics; `reduce_over_steps` reduces the metrics of the optimizer
-steps of one rollout batch (mini-batches x epochs) to one record (the rules are in its
-docstring).
+steps of one rollout batch (mini-batches x epochs) to one record: the token diagnostics
+are `finalize`-d once from the sums and maxima pooled over the updates
+(`pool_token_sums`), every other metric follows its declared rule (`LEARNER_POOLING`,
+`entr_jax.objectives.pooling.METRIC_POOLING`; the rules are in its docstring).
 
 Metrics of one optimizer step (over its loss tokens; nats for entropies):
 
@@ -36,15 +38,16 @@ Metrics of one optimizer step (over its loss tokens; nats for entropies):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from entr_jax import metrics as diag
+from entr_jax.objectives import pooling
 
-__all__ = ["HISTOGRAM_EDGES", "finalize", "reduce_over_steps", "token_sums"]
+__all__ = ["HISTOGRAM_EDGES", "LEARNER_POOLING", "finalize", "pool_token_sums", "reduce_over_steps", "token_sums"]
 
 HISTOGRAM_EDGES: dict[str, np.ndarray] = {
     "hist/log_ratio_pi_mu": np.linspace(-2.0, 2.0, 41, dtype=np.float32),
@@ -133,47 +136,123 @@ def finalize(sums: dict, maxes: dict) -> dict[str, jax.Array]:
     }
 
 
-_SUMMED = ("train/skipped", "train/empty", "train/applied", "train/nonfinite_loss", "train/nonfinite_grad")
-_LAST = ("train/param_norm", "train/learning_rate")
-_PLAIN_MEAN = ("train/grad_norm", "train/update_norm")
+UPDATES = "updates"
+"""Rule of a number of optimizer updates (``train/applied``, ...): summed over the K updates."""
+UPDATE_MEAN = "update_mean"
+"""Rule of a per-update quantity with no token denominator (``train/grad_norm``): mean."""
+
+LEARNER_POOLING: dict[str, str] = {
+    "train/skipped": UPDATES,
+    "train/empty": UPDATES,
+    "train/applied": UPDATES,
+    "train/nonfinite_loss": UPDATES,
+    "train/nonfinite_grad": UPDATES,
+    "train/param_norm": pooling.LAST,
+    "train/learning_rate": pooling.LAST,
+    "train/grad_norm": UPDATE_MEAN,
+    "train/update_norm": UPDATE_MEAN,
+    "loss": pooling.NORMALISER,
+}
+"""Rules of the metrics the learner step adds to the objective's (`learners.step`); the
+token diagnostics of `finalize` are pooled from their sums instead (`reduce_over_steps`)."""
 
 
-def reduce_over_steps(stacked: dict[str, jax.Array], num_epochs: int) -> dict[str, jax.Array]:
-    """One record for a rollout batch from the metrics of its K optimizer steps.
+def pool_token_sums(sums: dict, maxes: dict, num_epochs: int) -> tuple[dict, dict]:
+    """`token_sums` of K updates (``[K, ...]`` leaves) pooled into those of the rollout
+    batch: sums added and divided by ``num_epochs`` (counts of one pass; every mean and
+    ESS fraction of `finalize` is a ratio of sums, unchanged by the division), maxima
+    maxed. ``finalize`` of the result is the value over every token the K updates trained
+    on, each with the log-probs of its own update."""
+    return ({k: jnp.sum(v, axis=0) / num_epochs for k, v in sums.items()},
+            {k: jnp.max(v, axis=0) for k, v in maxes.items()})
 
-    ``stacked`` maps each metric to its ``[K, ...]`` values (K = mini-batches x epochs, in
-    the order they ran). Rules, by key:
 
-    * ``train/skipped``, ``train/empty``, ``train/applied``, ``train/nonfinite_loss``,
-      ``train/nonfinite_grad``: summed (numbers of optimizer steps);
-    * ``train/param_norm``, ``train/learning_rate``: the last step's;
-    * ``train/grad_norm``, ``train/update_norm``: mean over the K steps;
-    * keys ending in ``/max`` or ``/min``: max or min over the steps;
-    * ``hist/*``, ``tokens/*`` and keys ending in ``/count``: summed over the steps and
-      divided by ``num_epochs`` (the counts of one pass over the rollout batch);
-    * everything else (objective metrics, means and fractions over loss tokens): mean
-      over the steps weighted by each step's loss tokens (``tokens/num_loss_tokens``),
-      i.e. the pooled value over every token the round trained on.
+def _rule(key: str, rules: Mapping[str, str]) -> str:
+    if key not in rules:
+        raise ValueError(
+            f"reduce_over_steps: metric {key!r} has no pooling rule, so it cannot be reduced "
+            "over the optimizer updates of a rollout batch; declare one in "
+            "entr_jax.objectives.pooling.METRIC_POOLING (registry objectives) or in the "
+            "objective's metric_pooling attribute (a weight key, 'count', 'max', 'min' or "
+            "'last'; see entr_jax.objectives.pooling)")
+    return rules[key]
+
+
+def reduce_over_steps(
+    stacked: dict[str, jax.Array],
+    num_epochs: int,
+    *,
+    diagnostic_sums: tuple[dict, dict] | None = None,
+    rules: Mapping[str, str] | None = None,
+) -> dict[str, jax.Array]:
+    """One record for a rollout batch from the metrics of its K optimizer updates.
+
+    Args:
+      stacked: each metric's ``[K, ...]`` values (K = mini-batches x epochs, in the order
+        the updates ran): the objective's metrics, the learner's (`LEARNER_POOLING`) and
+        the token diagnostics of `finalize`.
+      num_epochs: passes over the rollout batch (divides the counts).
+      diagnostic_sums: the ``(sums, maxes)`` of `token_sums` of the K updates (``[K, ...]``
+        leaves); required when ``stacked`` holds the token diagnostics.
+      rules: pooling rules of the objective's metrics (default
+        `entr_jax.objectives.METRIC_POOLING`); `LEARNER_POOLING` is added.
+
+    Rules, by key, so that each record is the value over every token (row) the K updates
+    trained on:
+
+    * the token diagnostics (every key of `finalize`): ``finalize`` of the pooled sums and
+      maxima (`pool_token_sums`): e.g. ``entropy_mu/mean`` is the sum of the entropies
+      over the sum of ``entropy_mu/count``, ``ess/token_fraction`` the ratio of the pooled
+      sums, ``log_ratio_pi_mu/abs_max`` and ``staleness/max`` the max; its counts
+      (``tokens/*``, ``hist/*``, ``ratio_by_entropy/b{i}/count``) those of one pass;
+    * a rule naming a metric (``"tokens/kept"``, ``"loss/normaliser"``, ...): the mean
+      over the updates weighted by that metric's per-update values (equal weights when
+      they are all 0): e.g. ``kl/k3`` by kept tokens, ``trm/seq_rejected/fraction`` by
+      rows with loss tokens, ``loss`` and ``loss/pg`` by the aggregation's normaliser;
+    * ``"count"``: summed over the updates and divided by ``num_epochs``;
+    * ``"max"`` / ``"min"``: max / min over the updates;
+    * ``"last"``: the last update's (``train/param_norm``, ``train/learning_rate``);
+    * ``"updates"`` (``train/applied``, ``train/skipped``, ``train/empty``,
+      ``train/nonfinite_loss``, ``train/nonfinite_grad``): summed (numbers of updates);
+    * ``"update_mean"`` (``train/grad_norm``, ``train/update_norm``): mean over the K
+      updates.
+
+    The rules of the objectives' metrics are declared in `entr_jax.objectives.pooling`
+    (one documented exception: ``sat/quantile``).
+
+    Raises:
+      ValueError: a metric has no rule (names it and where to declare one), a rule names
+        a weight metric that ``stacked`` lacks (so the token diagnostics without
+        ``diagnostic_sums`` are refused).
     """
-    weights = stacked["tokens/num_loss_tokens"].astype(jnp.float32)
-    total = jnp.sum(weights)
-    k = weights.shape[0]
-    norm_w = jnp.where(total > 0, weights / jnp.maximum(total, 1.0), 1.0 / k)
+    rules = {**(pooling.METRIC_POOLING if rules is None else rules), **LEARNER_POOLING}
+    pooled = {} if diagnostic_sums is None else finalize(*pool_token_sums(*diagnostic_sums, num_epochs))
+    k = next(iter(stacked.values())).shape[0] if stacked else 1
     out = {}
     for key, value in stacked.items():
         value = value.astype(jnp.float32)
-        if key in _SUMMED:
+        if key in pooled:
+            out[key] = pooled[key]
+            continue
+        rule = _rule(key, rules)
+        if rule == UPDATES:
             out[key] = jnp.sum(value, axis=0)
-        elif key in _LAST:
+        elif rule == pooling.LAST:
             out[key] = value[-1]
-        elif key in _PLAIN_MEAN:
+        elif rule == UPDATE_MEAN:
             out[key] = jnp.mean(value, axis=0)
-        elif key.endswith("/max"):
+        elif rule == pooling.MAX:
             out[key] = jnp.max(value, axis=0)
-        elif key.endswith("/min"):
+        elif rule == pooling.MIN:
             out[key] = jnp.min(value, axis=0)
-        elif key.startswith(("hist/", "tokens/")) or key.endswith("/count"):
+        elif rule == pooling.COUNT:
             out[key] = jnp.sum(value, axis=0) / num_epochs
         else:
+            if rule not in stacked:
+                raise ValueError(f"reduce_over_steps: metric {key!r} is weighted by {rule!r}, "
+                                 "which the updates' metrics do not contain")
+            weights = stacked[rule].astype(jnp.float32)
+            total = jnp.sum(weights)
+            norm_w = jnp.where(total > 0, weights / jnp.where(total > 0, total, 1.0), 1.0 / k)
             out[key] = jnp.tensordot(norm_w, value, axes=1)
     return out

@@ -32,7 +32,9 @@ clipping), ``train/update_norm`` (0 when skipped), ``train/param_norm`` (after),
 loss tokens), ``train/nonfinite_loss``, ``train/nonfinite_grad`` (0/1 each), and the token
 diagnostics of `learners.diagnostics` (staleness against the version before the call).
 The call returns them stacked over its K updates and reduced to one record by
-`learners.diagnostics.reduce_over_steps`, plus ``train/version`` (after the call) and
+`learners.diagnostics.reduce_over_steps` (each metric pooled by its declared rule, the
+token diagnostics finalized once from the sums of all K updates, so the record is the
+value over every token the call trained on), plus ``train/version`` (after the call) and
 ``train/optimizer_steps`` (K).
 """
 
@@ -51,6 +53,7 @@ from entr_jax.logprobs import token_logprobs_entropy
 from entr_jax.sharding import batch_sharding, replicated
 from entr_jax.types import BATCH_ROW_FIELDS, Batch
 from learners.accumulate import accumulate
+from entr_jax.objectives.pooling import METRIC_POOLING
 from learners.diagnostics import HISTOGRAM_EDGES, finalize, reduce_over_steps, token_sums
 from learners.state import TrainState
 
@@ -80,9 +83,10 @@ class Step:
 
 def _sft_loss(logp_pi: jax.Array, batch: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Token cross-entropy ``-sum_{t in loss_mask} logp_pi[t] / num_loss_tokens`` (the
-    optimizer batch's loss tokens, floored at 1)."""
+    optimizer batch's loss tokens, floored at 1); metric ``loss/normaliser``: that count,
+    the weight that pools ``loss`` over updates."""
     nll = -jnp.sum(jnp.where(batch.loss_mask, logp_pi, 0.0)) / jnp.maximum(batch.num_loss_tokens, 1.0)
-    return nll, {}
+    return nll, {"loss/normaliser": jnp.asarray(batch.num_loss_tokens, jnp.float32)}
 
 
 def _constrain_batch(mb: Batch, mesh: Mesh) -> Batch:
@@ -134,7 +138,10 @@ def make_train_step(
       mesh: the learner mesh.
       objective: required for ``"rl"`` (closed over, static), e.g.
         ``entr_jax.objectives.make_objective("entr")``; its ``batch_stats`` attribute (None
-        for most) gives the statistics taken over the whole optimizer batch.
+        for most) gives the statistics taken over the whole optimizer batch, and an
+        optional ``metric_pooling`` attribute (``{key: rule}``, see
+        `entr_jax.objectives.pooling`) the pooling rules of metrics that
+        `entr_jax.objectives.METRIC_POOLING` does not declare (a custom objective's).
       chunk_size, temperature: passed to `token_logprobs_entropy`; ``temperature`` must be
         the sampling temperature so ``logp_pi`` and ``logp_mu`` describe the same
         distribution family.
@@ -155,7 +162,8 @@ def make_train_step(
 
     Raises:
       ValueError: bad ``kind``, missing objective, ``num_minibatches``/``num_epochs`` < 1,
-        or (at trace time) a leading axis not divisible by ``num_minibatches``.
+        or (at trace time) a leading axis not divisible by ``num_minibatches`` or a
+        metric without a pooling rule (`learners.diagnostics.reduce_over_steps`).
     """
     if kind not in ("rl", "sft"):
         raise ValueError(f"make_train_step: kind must be 'rl' or 'sft', got {kind!r}")
@@ -167,6 +175,7 @@ def make_train_step(
     loss_fn = objective if kind == "rl" else _sft_loss
     filters = dict(top_k=top_k, top_p=top_p, min_p=min_p) if kind == "rl" else {}
     stats_fn = getattr(objective, "batch_stats", None) if kind == "rl" else None
+    rules = {**METRIC_POOLING, **(getattr(objective, "metric_pooling", None) or {})}
     graphdef = state_shardings.graphdef
     param_shardings = state_shardings.params
     step = Step(fn=lambda *a: None)
@@ -207,6 +216,7 @@ def make_train_step(
             keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)  # noqa: E731
             new_params = keep(new_params, params)
             f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
+            sums = token_sums(acc.logp, acc.entropy, mini, state.version)
             metrics = {
                 **acc.metrics,
                 "loss": acc.loss,
@@ -218,13 +228,13 @@ def make_train_step(
                 "train/empty": f32(finite & ~nonempty),
                 "train/nonfinite_loss": f32(~loss_finite),
                 "train/nonfinite_grad": f32(~grad_finite),
-                **finalize(*token_sums(acc.logp, acc.entropy, mini, state.version)),
+                **finalize(*sums),
             }
             if lr_schedule is not None:
                 metrics["train/learning_rate"] = jnp.asarray(
                     lr_schedule(_update_count(opt_state)), jnp.float32)
             carry = (new_params, keep(new_opt_state, opt_state), applied + ok.astype(jnp.int32))
-            return carry, metrics
+            return carry, (metrics, sums)
 
         def epoch(carry, _):
             return jax.lax.scan(update, carry, minis)
@@ -233,13 +243,14 @@ def make_train_step(
         k = num_epochs * num_minibatches
         if k == 1:  # one update: no loop to compile
             (params, opt_state, applied), one = update(init, jax.tree.map(lambda x: x[0], minis))
-            stacked = jax.tree.map(lambda x: x[None], one)
+            stacked, sums = jax.tree.map(lambda x: x[None], one)
         else:
-            (params, opt_state, applied), stacked = jax.lax.scan(epoch, init, None, length=num_epochs)
-            stacked = jax.tree.map(lambda x: x.reshape((k,) + x.shape[2:]), stacked)
+            (params, opt_state, applied), (stacked, sums) = jax.lax.scan(
+                epoch, init, None, length=num_epochs)
+            stacked, sums = jax.tree.map(lambda x: x.reshape((k,) + x.shape[2:]), (stacked, sums))
         stacked = jax.tree.map(lambda x: x.astype(jnp.float32), stacked)
         version = state.version + (applied > 0).astype(jnp.int32)
-        metrics = reduce_over_steps(stacked, num_epochs)
+        metrics = reduce_over_steps(stacked, num_epochs, diagnostic_sums=sums, rules=rules)
         metrics["train/version"] = version.astype(jnp.float32)
         metrics["train/optimizer_steps"] = jnp.float32(k)
         new_state = state.replace(

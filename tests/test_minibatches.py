@@ -114,12 +114,61 @@ def test_round_metrics_are_the_documented_reduction(rounds):
     assert n.sum() == 2 * total  # each token trained on once per epoch
     assert got["tokens/num_loss_tokens"] == total
     assert got["hist/log_ratio_pi_mu"].sum() == total
-    for key in ("loss", "clip/frac_high", "clip/frac_low", "mask/fraction", "entropy_pi/mean",
-                "ess/token_fraction"):
+    # decoupled_ppo's token_mean: the loss normaliser is the loss tokens
+    np.testing.assert_array_equal(per["loss/normaliser"], n)
+    for key in ("loss", "clip/frac_high", "clip/frac_low", "mask/fraction", "entropy_pi/mean"):
         assert got[key] == pytest.approx(float(np.sum(n * per[key]) / n.sum()), rel=1e-5), key
+    kept = per["tokens/kept"]
+    assert got["is_weight/mean"] == pytest.approx(float(np.sum(kept * per["is_weight/mean"]) / kept.sum()), rel=1e-5)
     assert got["is_weight/max"] == pytest.approx(float(per["is_weight/max"].max()))
+    assert got["log_ratio_pi_mu/abs_max"] == pytest.approx(float(per["log_ratio_pi_mu/abs_max"].max()))
     assert got["train/grad_norm"] == pytest.approx(float(per["train/grad_norm"].mean()), rel=1e-6)
     assert got["train/applied"] == 4.0 and got["train/skipped"] == 0.0
     assert got["train/learning_rate"] == pytest.approx(0.05)
     # on-policy weights would give ESS 1; with w = pi/mu ~ e^2 * u the spread lowers it
     assert 0.0 < got["ess/token_fraction"] <= 1.0 and 0.0 < got["ess/seq_fraction"] <= 1.0
+
+
+@pytest.mark.parametrize("name, kw", [
+    ("entr", {}),
+    ("trm", {"aggregation": "seq_mean_token_mean", "threshold": 0.3}),
+], ids=["entr", "trm_seq_mean"])
+def test_with_frozen_weights_the_k_update_record_is_the_one_update_record(name, kw):
+    """SGD with learning rate 0: every update scores its tokens with the same weights, so
+    the tokens of P = 2 mini-batches (x E = 2 epochs) are exactly those of one update on
+    the whole rollout batch, and so must be the record: means pooled with their own
+    denominators, maxima maxed, counts of one pass. The per-update means weighted by loss
+    tokens gave e.g. log_ratio_pi_mu/abs_max as the mean of the two mini-batches' maxima,
+    entropy_mu/mean weighted by loss tokens instead of tokens with a known entropy, and
+    the ESS fractions as means of ratios."""
+    from entr_jax.sharding import make_mesh
+    from learners.batching import make_batch
+    from learners.distributed import shard_batch
+    from learners.state import create_train_state
+    from learners.step import make_train_step
+
+    trajs, _ = _trajectories(N, seed=7)
+    t0 = trajs[0]
+    ent = t0.entropy_mu.copy()
+    ent[0] = np.nan  # unknown behavior entropy: excluded from entropy_mu/mean, still a loss token
+    trajs[0] = Trajectory(prompt_ids=t0.prompt_ids, response_ids=t0.response_ids, logp_mu=t0.logp_mu,
+                          entropy_mu=ent, token_version=t0.token_version, loss_mask=np.ones(len(ent), bool))
+    adv = np.array([1.0, -1.0, 0.5, -0.5, 1.5, -1.5, 1.0, -1.0], np.float32)
+    objective = make_objective(name, **kw)
+    mesh = make_mesh(MeshConfig(1, 1, 1), jax.devices()[:1])
+    tx = optax.sgd(0.0)
+    records = {}
+    for p, e in ((1, 1), (2, 1), (2, 2)):
+        state, shardings = create_train_state(_module, tx, mesh)
+        host, _ = make_batch(trajs, adv, pad_id=0, num_minibatches=p, min_length=16)
+        step = make_train_step("rl", tx, shardings, mesh, objective=objective, chunk_size=8,
+                               num_minibatches=p, num_epochs=e)
+        records[p, e] = jax.device_get(step(state, shard_batch(host, mesh))[1])
+    ref = records[1, 1]
+    assert 0 < ref["mask/fraction"] < 1 and ref["tokens/entropy_mu_unknown"] == 1.0
+    for (p, e), got in records.items():
+        assert got["train/optimizer_steps"] == p * e
+        for key, value in ref.items():
+            if key.startswith("train/"):
+                continue  # numbers of updates, gradient norms: per update by design
+            np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-6, err_msg=f"P={p} E={e} {key}")

@@ -14,7 +14,8 @@ attributes ``logp_mu``, ``entropy_mu``, ``logp_prox``, ``logp_ref``, ``advantage
 ``loss_mask``, the optimizer-batch normalisers ``num_loss_tokens`` and ``num_sequences``
 and ``batch_stats`` (plus ``entropy_pi`` for ENTR's ``current_full``), optional ones via
 ``getattr(batch, name, None)``. ``loss`` is a f32 scalar to minimise; ``metrics`` a flat
-dict of f32 scalars with slash keys. Gates are exported as pure functions returning
+dict of f32 scalars with slash keys, each with a declared rule for pooling it over the
+optimizer updates of one rollout batch (`METRIC_POOLING`, `entr_jax.objectives.pooling`). Gates are exported as pure functions returning
 boolean keep-masks (`entr_mask`, `icepop_mask`, `kpop_mask`, `m2po_mask`, `trm_mask`) and
 SAT's contraction factors (`sat_clip_factors`).
 
@@ -52,6 +53,7 @@ from entr_jax.objectives.gates import (
 )
 from entr_jax.objectives.grpo import GrpoConfig, grpo, k3_kl
 from entr_jax.objectives.masked_is import IcePopConfig, KPopConfig, icepop, icepop_batch_stats, kpop, kpop_batch_stats
+from entr_jax.objectives.pooling import METRIC_POOLING
 from entr_jax.objectives.reinforce import CispoConfig, M2poConfig, cispo, m2po, m2po_batch_stats
 from entr_jax.objectives.sat import SatConfig, sat, sat_batch_stats
 from entr_jax.objectives.sequence import (
@@ -142,7 +144,7 @@ def make_objective(name: str, **overrides: Any) -> Objective:
 
 
 __all__ = [
-    "AGGREGATIONS", "BATCH_STATS", "OBJECTIVES", "Objective", "VESPO_ZERO_WEIGHT", "ObjectiveConfig", "aggregate", "make_config", "make_objective",
+    "AGGREGATIONS", "BATCH_STATS", "METRIC_POOLING", "OBJECTIVES", "Objective", "VESPO_ZERO_WEIGHT", "ObjectiveConfig", "aggregate", "make_config", "make_objective",
     "entr", "EntrConfig", "grpo", "GrpoConfig", "decoupled_ppo", "DecoupledPpoConfig", "tis", "TisConfig",
     "icepop", "IcePopConfig", "kpop", "KPopConfig", "gspo", "GspoConfig", "cispo", "CispoConfig",
     "m2po", "M2poConfig", "trm", "TrmConfig", "vespo", "VespoConfig", "sat", "SatConfig",

@@ -78,13 +78,46 @@ def aggregate(
         seq_len_B = jnp.sum(loss_mask, axis=1, dtype=jnp.float32)
         return jnp.sum(jnp.sum(lt, axis=1) / jnp.maximum(seq_len_B, 1.0)) / num_seq
     if mode == "seq_mean_token_sum_norm":
-        if l_norm is None:
-            raise ValueError(
-                "aggregation 'seq_mean_token_sum_norm' needs l_norm (the constant L_norm of "
-                "Dr.GRPO, e.g. the maximum response length in tokens), got None; the padded "
-                "width is never used because it changes with the pad bucket"
-            )
+        _check_l_norm(l_norm)
         return jnp.sum(lt) / (num_seq * float(l_norm))
+    raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {mode!r}")
+
+
+def _check_l_norm(l_norm: float | None) -> None:
+    if l_norm is None:
+        raise ValueError(
+            "aggregation 'seq_mean_token_sum_norm' needs l_norm (the constant L_norm of "
+            "Dr.GRPO, e.g. the maximum response length in tokens), got None; the padded "
+            "width is never used because it changes with the pad bucket"
+        )
+
+
+def denominator(
+    num_loss_tokens: jax.Array,
+    num_sequences: jax.Array,
+    num_kept_tokens: jax.Array,
+    mode: str,
+    l_norm: float | None = None,
+) -> jax.Array:
+    """``D`` of `aggregate` before its floor at 1 (``[] f32``): ``num_loss_tokens``,
+    ``num_kept_tokens``, ``num_sequences`` or ``num_sequences * l_norm`` by ``mode``.
+
+    Logged as ``loss/normaliser``: the weight that pools the losses of several optimizer
+    updates into the loss over all their tokens (`entr_jax.objectives.pooling`).
+
+    Raises:
+      ValueError: unknown ``mode``, or ``l_norm`` is None in ``seq_mean_token_sum_norm``.
+    """
+    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    if mode == "token_mean":
+        return f32(num_loss_tokens)
+    if mode == "token_mean_kept":
+        return f32(num_kept_tokens)
+    if mode == "seq_mean_token_mean":
+        return f32(num_sequences)
+    if mode == "seq_mean_token_sum_norm":
+        _check_l_norm(l_norm)
+        return f32(num_sequences) * float(l_norm)
     raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {mode!r}")
 
 

@@ -19,7 +19,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from entr_jax.objectives.aggregation import aggregate
+from entr_jax.objectives.aggregation import aggregate, denominator
 
 LOG_RATIO_CLIP = 20.0
 """Bound on every log-ratio before ``exp`` (as in the VESPO code, algorithms.md section 4)."""
@@ -179,6 +179,19 @@ def agg(inp: Inputs, loss_tok: Array, keep: Array, cfg, num_kept: Array | None =
                      kept, cfg.mode, cfg.l_norm)
 
 
+def normaliser(inp: Inputs, cfg, num_kept: Array | None = None) -> Array:
+    """``D`` that `agg` divides by (`aggregation.denominator`, before the floor), the
+    ``loss/normaliser`` metric; arguments as in `agg`."""
+    kept = inp.num_loss_tokens if num_kept is None else num_kept
+    return denominator(inp.num_loss_tokens, inp.num_sequences, kept, cfg.mode, cfg.l_norm)
+
+
+def pg_metrics(inp: Inputs, loss: Array, cfg, num_kept: Array | None = None) -> Metrics:
+    """``loss/pg`` and its ``loss/normaliser`` (`normaliser`), the weight that pools it over
+    optimizer updates (`entr_jax.objectives.pooling`)."""
+    return {"loss/pg": loss, "loss/normaliser": normaliser(inp, cfg, num_kept)}
+
+
 def proximal(inp: Inputs, cfg: Any, cls_name: str) -> Array:
     """The proximal log-probs of ``cfg.ratio_mode``: ``batch.logp_prox`` in ``"decoupled"``
     mode (AReaL's decoupled loss), ``logp_mu`` in ``"bypass"`` mode (``prox := mu``).
@@ -291,28 +304,32 @@ def base_metrics(
     clipped_low: Array | None = None,
     clipped_high: Array | None = None,
     *,
-    means: dict[str, tuple[Array, Array]] | None = None,
+    means: dict[str, tuple[Array, Array, str]] | None = None,
 ) -> Metrics:
     """Metrics shared by every objective, over this batch's loss tokens.
 
     ``mask/fraction`` is the fraction of loss tokens *rejected* (rho_mask of ESTR, section
-    3.2); ``ratio_pi_mu/*`` describe ``exp(clip(logp_pi - logp_mu))``; ``clip/frac_*`` the
-    fraction of loss tokens whose gradient the PPO clip removes. Each equals its
-    `fraction` / `masked_mean` / `masked_max` form; every count, those of ``means``
-    included, is taken in one pass (`count_true`).
+    3.2); ``tokens/kept`` the loss tokens kept; ``ratio_pi_mu/*`` describe
+    ``exp(clip(logp_pi - logp_mu))`` (``ratio_pi_mu/count``: the loss tokens where it is
+    finite, the denominator of its mean); ``clip/frac_*`` the fraction of loss tokens whose
+    gradient the PPO clip removes. Each equals its `fraction` / `masked_mean` /
+    `masked_max` form; every count, those of ``means`` included, is taken in one pass
+    (`count_true`). The counts are the weights that pool the means over optimizer updates
+    (`entr_jax.objectives.pooling`).
 
     Args:
       inp, keep: the objective's inputs and ``[B, T] bool`` kept tokens.
       clipped_low, clipped_high: ``[B, T] bool`` from `ppo_clip_loss`, or None.
-      means: further metrics ``{key: (x, valid)}``: the mean of ``x`` over ``valid``
-        (``[B, T]`` each; 0 when ``valid`` is empty). ``valid`` must be false wherever
-        ``x`` is not finite; ``(x, mask & isfinite(x))`` gives ``masked_mean(x, mask)``.
+      means: further metrics ``{key: (x, valid, count_key)}``: the mean of ``x`` over
+        ``valid`` (``[B, T]`` each; 0 when ``valid`` is empty) and, as ``count_key``, the
+        number of ``valid`` tokens. ``valid`` must be false wherever ``x`` is not finite;
+        ``(x, mask & isfinite(x))`` gives ``masked_mean(x, mask)``.
     """
     lm = inp.loss_mask
     r = jnp.exp(log_ratio(sg(inp.logp_pi), inp.logp_mu))
     r_valid = lm & jnp.isfinite(r)
     means = means or {}
-    flags = [lm, ~keep & lm, r_valid] + [valid for _, valid in means.values()]
+    flags = [lm, ~keep & lm, r_valid] + [valid for _, valid, _ in means.values()]
     if clipped_low is not None:
         flags += [clipped_low & keep & lm, clipped_high & keep & lm]
     counts = count_true(flags)
@@ -320,14 +337,17 @@ def base_metrics(
     den = jnp.maximum(n_loss, 1.0)
     m = {
         "mask/fraction": n_rejected / den,
+        "tokens/kept": n_loss - n_rejected,
         "ratio_pi_mu/mean": jnp.sum(jnp.where(r_valid, r, 0.0)) / jnp.maximum(n_r, 1.0),
         "ratio_pi_mu/max": jnp.where(n_r > 0, jnp.max(jnp.where(r_valid, r, -jnp.inf)), 0.0),
+        "ratio_pi_mu/count": n_r,
     }
     if clipped_low is not None:
         m["clip/frac_low"] = counts[-2] / den
         m["clip/frac_high"] = counts[-1] / den
-    for i, (key, (x, valid)) in enumerate(means.items()):
+    for i, (key, (x, valid, count_key)) in enumerate(means.items()):
         m[key] = jnp.sum(jnp.where(valid, x, 0.0)) / jnp.maximum(counts[3 + i], 1.0)
+        m[count_key] = counts[3 + i]
     return m
 
 

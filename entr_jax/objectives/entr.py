@@ -132,8 +132,9 @@ def entr_batch_stats(logp_pi: jax.Array, batch: Any, cfg: EntrConfig) -> dict[st
 def entr(logp_pi: jax.Array, batch: Any, cfg: EntrConfig) -> tuple[jax.Array, c.Metrics]:
     """ENTR loss. ``logp_pi``: ``[B, T]`` float; ``batch``: see `common.read_inputs`.
 
-    Returns ``(loss [] f32, metrics)``; metrics add ``entr/score_mean`` (mean S over loss
-    tokens) to the base ones.
+    Returns ``(loss [] f32, metrics)``; metrics add ``entr/score_mean`` (mean S over the
+    loss tokens where it is finite) and ``entr/score_count`` (those tokens) to the base
+    ones.
 
     Raises:
       ValueError: ``entropy_source="current_full"`` and ``batch.entropy_pi`` is missing, or
@@ -150,12 +151,15 @@ def entr(logp_pi: jax.Array, batch: Any, cfg: EntrConfig) -> tuple[jax.Array, c.
     # same expression) and its gradient through the gated log-ratio (finite everywhere).
     r = c.ratio_given(jnp.where(keep, jnp.exp(delta), 0.0), c.log_ratio(lp, lmu))
     loss_tok, lo, hi = c.ppo_clip_loss(r, adv, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
-    loss = c.agg(inp, loss_tok, keep, cfg, c.kept_count(inp, keep))
+    num_kept = c.kept_count(inp, keep)
+    loss = c.agg(inp, loss_tok, keep, cfg, num_kept)
     # entr/score_mean is masked_mean(S, loss_mask). S = d**2 / max(max(H, 0) + eps, 1e-30)
     # with |d| <= 20 is never infinite and is NaN exactly where delta or H is NaN, so its
     # finite tokens are found without reading S, which is then used once (no [B, T]
     # temporary), and the count joins the other metrics' single counting pass.
     score = entr_score(delta, entropy, cfg.eps)
     score_valid = inp.loss_mask & ~jnp.isnan(delta) & ~jnp.isnan(entropy)
-    metrics = {"loss/pg": loss, **c.base_metrics(inp, keep, lo, hi, means={"entr/score_mean": (score, score_valid)})}
+    metrics = {**c.pg_metrics(inp, loss, cfg, num_kept),
+               **c.base_metrics(inp, keep, lo, hi,
+                                means={"entr/score_mean": (score, score_valid, "entr/score_count")})}
     return loss, c.f32_metrics(metrics)

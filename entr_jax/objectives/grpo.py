@@ -71,7 +71,7 @@ def grpo(logp_pi: jax.Array, batch: Any, cfg: GrpoConfig) -> tuple[jax.Array, c.
     r = c.ratio(inp.logp_pi, inp.logp_mu)
     loss_tok, lo, hi = c.ppo_clip_loss(r, inp.advantages, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
     pg = c.agg(inp, loss_tok, keep, cfg)
-    metrics = {"loss/pg": pg, **c.base_metrics(inp, keep, lo, hi)}
+    metrics = {**c.pg_metrics(inp, pg, cfg), **c.base_metrics(inp, keep, lo, hi)}
     loss = pg
     if cfg.kl_coef > 0:
         kl_tok = k3_kl(inp.logp_pi, inp.logp_ref)

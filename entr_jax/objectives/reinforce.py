@@ -53,7 +53,7 @@ def cispo(logp_pi: jax.Array, batch: Any, cfg: CispoConfig) -> tuple[jax.Array, 
     w = jnp.clip(r, lower, 1.0 + cfg.clip_high)
     loss_tok = -w * inp.advantages * inp.logp_pi
     loss = c.agg(inp, loss_tok, keep, cfg)
-    metrics = {"loss/pg": loss, **c.base_metrics(inp, keep, r < lower, r > 1.0 + cfg.clip_high)}
+    metrics = {**c.pg_metrics(inp, loss, cfg), **c.base_metrics(inp, keep, r < lower, r > 1.0 + cfg.clip_high)}
     return loss, c.f32_metrics(metrics)
 
 
@@ -95,8 +95,9 @@ def m2po(logp_pi: jax.Array, batch: Any, cfg: M2poConfig) -> tuple[jax.Array, c.
     keep = inp.loss_mask & c.stat(inp, "keep", lambda: _m2po_keep(inp, lr, cfg))
     lp, lmu, adv = c.gate(keep, inp.logp_pi, inp.logp_mu, inp.advantages)
     loss_tok = -c.ratio(lp, lmu) * adv
-    loss = c.agg(inp, loss_tok, keep, cfg, c.kept_count(inp, keep))
-    metrics = {"loss/pg": loss, **c.base_metrics(inp, keep)}
+    num_kept = c.kept_count(inp, keep)
+    loss = c.agg(inp, loss_tok, keep, cfg, num_kept)
+    metrics = {**c.pg_metrics(inp, loss, cfg, num_kept), **c.base_metrics(inp, keep)}
     metrics["m2po/m2_all"] = c.masked_mean(lr * lr, inp.loss_mask)
     metrics["m2po/m2_kept"] = c.masked_mean(lr * lr, keep)
     return loss, c.f32_metrics(metrics)

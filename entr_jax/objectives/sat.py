@@ -70,7 +70,7 @@ def sat(logp_pi: jax.Array, batch: Any, cfg: SatConfig) -> tuple[jax.Array, c.Me
     r = c.ratio(inp.logp_pi, inp.logp_mu)
     loss_tok, lo, hi = c.ppo_clip_loss(r, inp.advantages, 1.0 - cfg.clip_low * c_low, 1.0 + cfg.clip_high * c_high)
     loss = c.agg(inp, loss_tok, keep, cfg)
-    metrics = {"loss/pg": loss, **c.base_metrics(inp, keep, lo, hi)}
+    metrics = {**c.pg_metrics(inp, loss, cfg), **c.base_metrics(inp, keep, lo, hi)}
     metrics["sat/quantile"] = q
     metrics["sat/frac_contracted"] = c.fraction(contracted, keep)
     return loss, c.f32_metrics(metrics)

@@ -53,7 +53,8 @@ class GspoConfig(ObjectiveConfig):
 
 
 def gspo(logp_pi: jax.Array, batch: Any, cfg: GspoConfig) -> tuple[jax.Array, c.Metrics]:
-    """GSPO(-token) loss. Returns ``(loss, metrics)``; metrics add ``ratio_seq/mean``."""
+    """GSPO(-token) loss. Returns ``(loss, metrics)``; metrics add ``ratio_seq/mean`` (over
+    rows with loss tokens) and ``sequences/with_loss_tokens`` (those rows)."""
     inp = c.read_inputs(logp_pi, batch)
     keep = inp.loss_mask
     n_B = jnp.maximum(jnp.sum(keep, axis=1, dtype=jnp.float32), 1.0)
@@ -61,8 +62,10 @@ def gspo(logp_pi: jax.Array, batch: Any, cfg: GspoConfig) -> tuple[jax.Array, c.
     s = jnp.exp(seq_lr_B[:, None] + inp.logp_pi - c.sg(inp.logp_pi))
     loss_tok, lo, hi = c.ppo_clip_loss(s, inp.advantages, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
     loss = c.agg(inp, loss_tok, keep, cfg)
-    metrics = {"loss/pg": loss, **c.base_metrics(inp, keep, lo, hi)}
-    metrics["ratio_seq/mean"] = c.masked_mean(jnp.exp(seq_lr_B), jnp.any(keep, axis=1))
+    rows = jnp.any(keep, axis=1)
+    metrics = {**c.pg_metrics(inp, loss, cfg), **c.base_metrics(inp, keep, lo, hi)}
+    metrics["ratio_seq/mean"] = c.masked_mean(jnp.exp(seq_lr_B), rows)
+    metrics["sequences/with_loss_tokens"] = jnp.sum(rows, dtype=jnp.float32)
     return loss, c.f32_metrics(metrics)
 
 
@@ -97,7 +100,7 @@ def vespo(logp_pi: jax.Array, batch: Any, cfg: VespoConfig) -> tuple[jax.Array, 
     """VESPO loss. Returns ``(loss, metrics)``; metrics add ``vespo/phi_mean`` (over loss
     tokens), ``vespo/seq_zeroed/count`` and ``vespo/seq_zeroed/fraction`` (rows with loss
     tokens whose ``phi < VESPO_ZERO_WEIGHT`` on every loss token, and their fraction of the
-    rows with loss tokens)."""
+    rows with loss tokens) and ``sequences/with_loss_tokens`` (those rows)."""
     inp = c.read_inputs(logp_pi, batch)
     keep = inp.loss_mask
     log_w_B = c.log_ratio(_seq_sum(c.sg(inp.logp_pi) - inp.logp_mu, keep), 0.0)
@@ -109,7 +112,8 @@ def vespo(logp_pi: jax.Array, batch: Any, cfg: VespoConfig) -> tuple[jax.Array, 
     )
     loss_tok = -c.sg(phi) * inp.advantages * inp.logp_pi
     loss = c.agg(inp, loss_tok, keep, cfg)
-    metrics = {"loss/pg": loss, **c.base_metrics(inp, keep), "vespo/phi_mean": c.masked_mean(phi, keep)}
+    metrics = {**c.pg_metrics(inp, loss, cfg), **c.base_metrics(inp, keep),
+               "vespo/phi_mean": c.masked_mean(phi, keep)}
     rows = jnp.any(keep, axis=1)
     zeroed = rows & jnp.all(~keep | (phi < VESPO_ZERO_WEIGHT), axis=1)
     metrics.update(_seq_counts("vespo/seq_zeroed", zeroed, rows))
@@ -117,10 +121,12 @@ def vespo(logp_pi: jax.Array, batch: Any, cfg: VespoConfig) -> tuple[jax.Array, 
 
 
 def _seq_counts(prefix: str, flags_B: jax.Array, rows_B: jax.Array) -> c.Metrics:
-    """``{prefix}/count`` (rows flagged) and ``{prefix}/fraction`` (of ``rows_B``)."""
+    """``{prefix}/count`` (rows flagged), ``{prefix}/fraction`` (of ``rows_B``) and
+    ``sequences/with_loss_tokens`` (the rows of ``rows_B``, the fraction's denominator)."""
     count = jnp.sum(flags_B & rows_B, dtype=jnp.float32)
-    return {f"{prefix}/count": count,
-            f"{prefix}/fraction": count / jnp.maximum(jnp.sum(rows_B, dtype=jnp.float32), 1.0)}
+    rows = jnp.sum(rows_B, dtype=jnp.float32)
+    return {f"{prefix}/count": count, f"{prefix}/fraction": count / jnp.maximum(rows, 1.0),
+            "sequences/with_loss_tokens": rows}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -155,13 +161,15 @@ def trm_batch_stats(logp_pi: jax.Array, batch: Any, cfg: TrmConfig) -> dict[str,
 
 def trm(logp_pi: jax.Array, batch: Any, cfg: TrmConfig) -> tuple[jax.Array, c.Metrics]:
     """TRM loss. Returns ``(loss, metrics)``; metrics add ``mask/seq_fraction`` (rejected
-    rows among rows with loss tokens) and ``trm/seq_rejected/count`` / ``/fraction``."""
+    rows among rows with loss tokens), ``trm/seq_rejected/count`` / ``/fraction`` and
+    ``sequences/with_loss_tokens`` (the rows with loss tokens)."""
     inp = c.read_inputs(logp_pi, batch)
     keep = _trm_keep(inp, cfg)
     lp, lmu, adv = c.gate(keep, inp.logp_pi, inp.logp_mu, inp.advantages)
     loss_tok, lo, hi = c.ppo_clip_loss(c.ratio(lp, lmu), adv, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
-    loss = c.agg(inp, loss_tok, keep, cfg, c.kept_count(inp, keep))
-    metrics = {"loss/pg": loss, **c.base_metrics(inp, keep, lo, hi)}
+    num_kept = c.kept_count(inp, keep)
+    loss = c.agg(inp, loss_tok, keep, cfg, num_kept)
+    metrics = {**c.pg_metrics(inp, loss, cfg, num_kept), **c.base_metrics(inp, keep, lo, hi)}
     rows = jnp.any(inp.loss_mask, axis=1)
     metrics["mask/seq_fraction"] = c.fraction(~jnp.any(keep, axis=1), rows)
     metrics.update(_seq_counts("trm/seq_rejected", ~jnp.any(keep, axis=1), rows))

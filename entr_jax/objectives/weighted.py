@@ -22,7 +22,7 @@ def weighted_ppo(inp: c.Inputs, logp_prox: jax.Array, w: jax.Array, keep: jax.Ar
     u = c.ratio(lp, lprox)
     loss_tok, lo, hi = c.ppo_clip_loss(u, adv, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
     loss = c.agg(inp, c.sg(w) * loss_tok, keep, cfg, num_kept)
-    metrics = {"loss/pg": loss, **c.base_metrics(inp, keep, lo, hi)}
+    metrics = {**c.pg_metrics(inp, loss, cfg, num_kept), **c.base_metrics(inp, keep, lo, hi)}
     metrics["is_weight/mean"] = c.masked_mean(w, keep)
     metrics["is_weight/max"] = c.masked_max(w, keep)
     return loss, c.f32_metrics(metrics)
