@@ -172,13 +172,15 @@ def _big_layout_copies(hlo: str, min_elements: int) -> list[str]:
 
 
 def test_decode_step_reads_the_kv_cache_without_copying_it():
-    """One cached decode step: the [B, K, M, hd] cache feeds both attention matmuls as is
+    """One cached decode step: the heads-first cache (keys [B, K, hd, M], values
+    [B, K, M, hd]) feeds both attention products as is
     (the former [B, M, K, hd] layout cost two full-cache transposes per layer per step)."""
     model = Decoder(CFG, rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model)
     batch, slots = 2, 64
     cache = init_cache(CFG, batch, slots)
-    assert cache.k[0].shape == (batch, CFG.num_kv_heads, slots, CFG.head_dim)
+    assert cache.k[0].shape == (batch, CFG.num_kv_heads, CFG.head_dim, slots)
+    assert cache.v[0].shape == (batch, CFG.num_kv_heads, slots, CFG.head_dim)
 
     def step(p, cache, ids, positions):
         return nnx.merge(graphdef, p).decode(ids, positions, cache)

@@ -133,7 +133,8 @@ def test_prefill_then_decode_matches_full_forward(model):
         step_ids = seqs[rows, p][:, None]
         logits, cache = decode(model, jnp.asarray(step_ids), jnp.asarray(p[:, None], jnp.int32), cache)
         np.testing.assert_allclose(logits[:, 0], full[rows, p], atol=F32_TOL)
-    assert cache.k[0].shape == (3, CFG.num_kv_heads, total + 2, CFG.head_dim)
+    assert cache.k[0].shape == (3, CFG.num_kv_heads, CFG.head_dim, total + 2)
+    assert cache.v[0].shape == (3, CFG.num_kv_heads, total + 2, CFG.head_dim)
 
 
 def test_decode_rejects_bad_shapes(model):

@@ -10,8 +10,10 @@ Layout. Both forms move heads ahead of positions once (``q -> [B, K, G, S, hd]``
 ``k, v -> [B, K, T, hd]``; ``G = H / K``), so both score matmuls are batched over
 ``(B, K)`` with the ``[G * S, T]`` scores contiguous: XLA needs no copy of a score-sized
 array in the forward or the backward pass, only of the ``[B, S, H, hd]`` inputs and output.
-The KV cache is stored heads-first (``[B, K, M, hd]``), so a decode step reads it as is
-instead of transposing the whole cache for each layer at each step (`attend_cache`).
+The KV cache is stored heads-first (keys ``[B, K, hd, M]``, values ``[B, K, M, hd]``), so
+a decode step reads it as is instead of transposing the whole cache for each layer at each
+step (`attend_cache`); the keys keep the slot axis last, so the scores of one query reduce
+over ``hd`` with the slots contiguous.
 
 `causal_attend` (training / scoring forward) splits the queries into blocks of
 ``C`` positions; query block ``[s0, s1)`` reads only the keys ``[0, s1)`` (the keys a causal
@@ -50,12 +52,13 @@ def _positions_first(out: jax.Array) -> jax.Array:
     return out.transpose(0, 3, 1, 2, 4).reshape(b, s, kv * g * hd)
 
 
-def _softmax_attend(qh, kh, vh, mask, dtype):
-    """``qh [B,K,G,S,hd]``, ``kh, vh [B,K,T,hd]``, ``mask`` bool broadcastable to
-    ``[B,K,G,S,T]`` -> ``[B,K,G,S,hd]`` in ``dtype``."""
+def _softmax_attend(qh, kh, vh, mask, dtype, *, keys_last: bool = False):
+    """``qh [B,K,G,S,hd]``, ``kh [B,K,T,hd]`` (``[B,K,hd,T]`` when ``keys_last``), ``vh
+    [B,K,T,hd]``, ``mask`` bool broadcastable to ``[B,K,G,S,T]`` -> ``[B,K,G,S,hd]`` in
+    ``dtype``."""
     scale = 1.0 / math.sqrt(qh.shape[-1])
-    scores = jnp.einsum("bkgsd,bktd->bkgst", qh, kh.astype(qh.dtype),
-                        preferred_element_type=jnp.float32) * scale
+    scores = jnp.einsum("bkgsd,bkdt->bkgst" if keys_last else "bkgsd,bktd->bkgst", qh,
+                        kh.astype(qh.dtype), preferred_element_type=jnp.float32) * scale
     scores = jnp.where(mask, scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
     return jnp.einsum("bkgst,bktd->bkgsd", probs, vh.astype(dtype))
@@ -66,23 +69,25 @@ def attend_cache(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array, mask: jax
     """Grouped-query softmax attention over a heads-first KV cache (the decode path).
 
     Args:
-      q: ``[B, S, H, hd]``; cache_k, cache_v: ``[B, K, T, hd]`` (the `KVCache` layout, read
-        in place: no per-step copy of the cache) with ``H % K == 0``.
+      q: ``[B, S, H, hd]``; cache_k: ``[B, K, hd, T]``, cache_v: ``[B, K, T, hd]`` (the
+        `KVCache` layout, read in place: no per-step copy of the cache) with ``H % K == 0``.
       mask: ``[B, S, T]`` bool, True where query s may read key (cache slot) t.
       dtype: dtype of the probabilities, the value matmul and the result.
     Returns:
       ``[B, S, H * hd]`` in ``dtype``.
     """
     out = _softmax_attend(_heads_first(q, cache_k.shape[1]), cache_k, cache_v,
-                          mask[:, None, None, :, :], dtype)
+                          mask[:, None, None, :, :], dtype, keys_last=True)
     return _positions_first(out)
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dtype) -> jax.Array:
-    """Grouped-query softmax attention under an explicit mask: `attend_cache` of
-    ``k, v [B, T, K, hd]`` (positions-first) moved to ``[B, K, T, hd]``; ``q [B, S, H, hd]``,
-    ``mask [B, S, T]`` bool; returns ``[B, S, H * hd]`` in ``dtype``."""
-    return attend_cache(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask, dtype)
+    """Grouped-query softmax attention under an explicit mask: ``q [B, S, H, hd]``,
+    ``k, v [B, T, K, hd]`` (positions-first), ``mask [B, S, T]`` bool; returns
+    ``[B, S, H * hd]`` in ``dtype`` (the reference form of `causal_attend`)."""
+    out = _softmax_attend(_heads_first(q, k.shape[2]), k.transpose(0, 2, 1, 3),
+                          v.transpose(0, 2, 1, 3), mask[:, None, None, :, :], dtype)
+    return _positions_first(out)
 
 
 def query_blocks(length: int, min_block: int | None = None,

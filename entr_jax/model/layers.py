@@ -131,16 +131,18 @@ class Attention(nnx.Module):
     def decode(self, x, positions, cache_k, cache_v):
         """Writes the new K/V at slot = position, attends to slots ``<= position``.
 
-        ``x [B,S,D]``, ``positions [B,S]`` int32, ``cache_k/v [B,K,M,hd]``; returns
-        ``(out [B,S,D], cache_k, cache_v)``. Positions ``>= M`` are dropped from the write.
+        ``x [B,S,D]``, ``positions [B,S]`` int32, ``cache_k [B,K,hd,M]``, ``cache_v
+        [B,K,M,hd]`` (`entr_jax.model.decoder.KVCache`); returns ``(out [B,S,D], cache_k,
+        cache_v)``. Positions ``>= M`` are dropped from the write.
         """
         q, k, v = self.qkv(x, positions)
         rows = jnp.arange(x.shape[0], dtype=jnp.int32)[:, None]
         rows = jnp.broadcast_to(rows, positions.shape)
-        # Index [rows, :, positions] of [B, K, M, hd] selects [B, S, K, hd]: k's own layout.
-        cache_k = cache_k.at[rows, :, positions].set(k.astype(cache_k.dtype), mode="drop")
+        # Index [rows, :, :, positions] of [B, K, hd, M] and [rows, :, positions] of
+        # [B, K, M, hd] both select [B, S, K, hd]: k's and v's own layout.
+        cache_k = cache_k.at[rows, :, :, positions].set(k.astype(cache_k.dtype), mode="drop")
         cache_v = cache_v.at[rows, :, positions].set(v.astype(cache_v.dtype), mode="drop")
-        slots = jnp.arange(cache_k.shape[2], dtype=jnp.int32)
+        slots = jnp.arange(cache_v.shape[2], dtype=jnp.int32)
         mask = slots[None, None, :] <= positions[:, :, None]
         out = self.o_proj(attend_cache(q, cache_k, cache_v, mask, self.dtype))
         return out, cache_k, cache_v
