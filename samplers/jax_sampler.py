@@ -16,9 +16,11 @@ Design (see also `samplers.jax_decode` and `samplers.jax_sampling`):
   and where `pause` holds; ``steps_per_call = 1`` gives per-step boundaries.
 * **Determinism.** Response token ``t`` of sample ``j`` of prompt ``i`` is drawn with the key
   ``fold_in(fold_in(fold_in(key(seed mod 2**32), i), j), t)`` (``i`` = index in the
-  ``prompts`` argument). Its Gumbel noise therefore does not depend on the batch
-  composition, the sort, or bucket padding; the logits may differ in the last bits across
-  bucket shapes (different reduction shapes), which only matters at exact ties.
+  ``prompts`` argument); it gives the token's one uniform, which is inverted through the
+  distribution's CDF (`samplers.jax_sampling.draw`). The draw therefore does not depend
+  on the batch composition, the sort, or bucket padding; the logits may differ in the
+  last bits across bucket shapes (different reduction shapes), which only matters when
+  the uniform falls within rounding of a CDF boundary.
 * **Behavior statistics.** ``logp_mu``/``entropy_mu`` are the log-prob of the token and the
   entropy of the tempered, filtered, renormalised distribution sampled from, in f32 (see
   `samplers.jax_sampling`; the filter is `entr_jax.sampling_filter`, which the learner

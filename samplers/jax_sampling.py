@@ -17,10 +17,14 @@ so ``exp(logp_mu)`` is the probability with which the token was drawn (the
 importance-ratio denominator of ESTR, arXiv 2607.22186, Sec. 2), and ``entropy_mu`` is the
 entropy of the policy that acted (ESTR Sec. 3.3).
 
-Drawing: Gumbel-max (Gumbel 1954; ``argmax_w z_w + g_w`` with ``g_w ~ Gumbel(0, 1)`` i.i.d.
-is a draw from ``softmax(z)``) over the filtered logits. The noise ``g`` is drawn in
-vocabulary order from the row's key, so a filter that keeps every token samples the same
-token as no filter.
+Drawing: inversion of the cumulative distribution (`draw`): one uniform ``u ~ U[0, 1)``
+per row from the row's key, and the token is the first ``y`` (in vocabulary order) with
+``F(y) > u F(V - 1)``, where ``F`` is the running sum of ``exp(z - max z)`` (Devroye 1986,
+"Non-Uniform Random Variate Generation", Sec. III.2.1: ``P(y) = mu(y)``). Only entries of
+positive probability can be drawn. A filter that keeps every token leaves ``F`` and ``u``
+unchanged, so it samples the same token as no filter. One uniform per row instead of a
+Gumbel variate per vocabulary entry (the former Gumbel-max draw): the draw was about a
+quarter of a decode step of the CPU benchmark model (`benchmarks/sampler.py`).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from entr_jax.sampling_filter import filter_logits
 
 Array = jax.Array
 
-__all__ = ["sample_tokens"]
+__all__ = ["draw", "sample_tokens"]
 
 
 def sample_tokens(
@@ -59,9 +63,29 @@ def sample_tokens(
       ``(tokens [B] int32, logp_mu [B] f32, entropy_mu [B] f32)``.
     """
     z = logits.astype(jnp.float32) / jnp.asarray(temperature, jnp.float32)
-    gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (z.shape[-1],), jnp.float32))(keys)
     if filtered:
         z = filter_logits(z, top_k, top_p, min_p)
-    tokens = jnp.argmax(z + gumbel, axis=-1).astype(jnp.int32)
+    tokens = draw(z, keys)
     logp, entropy = logprobs_entropy_from_logits(z, tokens)
     return tokens, logp, entropy
+
+
+def draw(z: Array, keys: Array) -> Array:
+    """One token per row from ``softmax(z)`` by inverting its cumulative distribution.
+
+    Args:
+      z: ``[B, V]`` f32 logits (tempered, filtered: ``-inf`` = probability 0; at least one
+        finite entry per row).
+      keys: ``[B]`` typed PRNG keys; row ``b`` uses ``u = uniform(keys[b])`` in ``[0, 1)``.
+    Returns:
+      ``[B]`` int32: the first ``y`` with ``F(y) > u F(V - 1)``, ``F`` the running sum of
+      ``w = exp(z - max z)``, among the entries with ``w > 0`` (so a token of probability 0
+      is never drawn; should rounding leave none, the last entry with ``w > 0``).
+    """
+    w = jnp.exp(z - jnp.max(z, axis=-1, keepdims=True))
+    cdf = jnp.cumsum(w, axis=-1)
+    u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)
+    positive = w > 0
+    above = (cdf > (u * cdf[:, -1])[:, None]) & positive
+    last = w.shape[-1] - 1 - jnp.argmax(positive[:, ::-1], axis=-1)
+    return jnp.where(jnp.any(above, axis=-1), jnp.argmax(above, axis=-1), last).astype(jnp.int32)

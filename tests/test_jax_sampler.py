@@ -146,8 +146,8 @@ def test_filtered_logp_is_renormalised_filtered_distribution(sampler, models, to
 
 
 def test_sample_tokens_frequencies_and_noop_filter():
-    """Gumbel-max draws follow the filtered distribution; a filter that keeps everything
-    draws the same tokens as no filter (noise is in vocabulary order)."""
+    """Draws follow the filtered distribution; a filter that keeps everything draws the
+    same tokens as no filter (the same uniform inverts the same distribution)."""
     logits = jnp.asarray([[2.0, 1.0, 0.0, -1.0, 0.5]], jnp.float32)
     n = 4000
     keys = jax.random.split(jax.random.key(0), n)
@@ -407,3 +407,30 @@ def test_learner_config_filters_reach_the_logprob_function(sampler, models):
     assert mask.sum() == sum(len(g.response_ids) for g in gens)
     _assert_on_policy(*(arrays[k][mask] for k in ("logp_pi", "entropy_pi", "logp_mu",
                                                   "entropy_mu")))
+
+
+def test_draw_inverts_the_cdf_at_the_keys_uniform_and_skips_probability_zero():
+    """`draw` returns the first y with F(y) > u F(V-1), F the running sum of the weights,
+    u = uniform(key): checked against that rule in float64 on hand-made distributions,
+    including zero-probability entries at the start, inside and at the end."""
+    from samplers.jax_sampling import draw
+
+    inf = np.inf
+    rows = np.log(np.array([
+        [0.5, 0.25, 0.0, 0.125, 0.125],   # a zero inside
+        [0.0, 0.0, 1.0, 0.0, 0.0],        # one token: always drawn
+        [0.0, 0.3, 0.3, 0.4, 0.0],        # zeros at both ends
+        [0.2, 0.2, 0.2, 0.2, 0.2],
+    ], np.float64)).astype(np.float32)
+    keys = jax.random.split(jax.random.key(3), 256)
+    for z in rows:
+        tokens = np.asarray(jax.jit(draw)(jnp.broadcast_to(jnp.asarray(z), (256, 5)), keys))
+        w = np.exp(z.astype(np.float64) - z.max())
+        cdf = np.cumsum(w)
+        for key, y in zip(keys, tokens):
+            u = float(jax.random.uniform(key, (), jnp.float32))
+            expected = int(np.argmax((cdf > u * cdf[-1]) & (w > 0)))
+            assert y == expected
+        assert np.all(w[tokens] > 0)
+    assert np.all(np.asarray(draw(jnp.asarray([[0.0, -inf, -inf]] * 64), keys[:64])) == 0)
+    assert np.all(np.asarray(draw(jnp.asarray([[-inf, -inf, 5.0]] * 64), keys[:64])) == 2)

@@ -33,7 +33,11 @@ from experiments.tasks import build_task
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DRIVER = REPO / "tests" / "mp_driver.py"
 # the job of every launch (flags of `entr-run quickstart`)
-TASK = dict(prompts_per_step=2, samples_per_prompt=4, arithmetic_max_chars=3,
+# 8 samples per prompt: 7 of the first 8 prompts are rewardable (one-digit answers), each
+# sample with probability 1/10 (`bigram_model`), so no group has reward variance in 4
+# steps with probability 0.43^7 = 0.3% (at 4 samples: 0.66^7 = 5%, which a change of the
+# sampler's draws once hit)
+TASK = dict(prompts_per_step=2, samples_per_prompt=8, arithmetic_max_chars=3,
             arithmetic_ops="+-")
 STEPS, KILL_AT = 4, 3
 
@@ -45,7 +49,7 @@ def bigram_model(path: pathlib.Path) -> pathlib.Path:
     after ``=`` the next token is a uniformly random digit (logit 17 vs <= 0.85 for any
     other token), after a digit it is EOS (logit 40 vs 16). A response is one digit, so
     on ``a+b`` / ``a-b`` prompts with a one-digit answer the reward is 1 with probability
-    1/10: groups of 4 samples have reward variance often enough for GRPO to move the
+    1/10: groups of 8 samples have reward variance often enough for GRPO to move the
     weights, which a random model (reward 0 everywhere) would never do.
     """
     hf = json.loads((tiny_dir() / "config.json").read_text())
@@ -196,12 +200,13 @@ def test_processes_train_on_their_own_shares_of_the_one_process_batch(killed):
     for n in range(STEPS):
         # contiguous shares whose union, in order, is the one-process batch
         assert [prompts(s[n]) for s in spies] == [expected[n][:1], expected[n][1:]]
-        assert [len(s[n]["responses"]) for s in spies] == [4, 4]
+        assert [len(s[n]["responses"]) for s in spies] == [TASK["samples_per_prompt"]] * 2
     # distinct sampling streams (all 6 of 6 rows were identical across processes before)
     seqs = [[tuple(r) for row in s for r in row["responses"]] for s in spies]
     assert seqs[0] != seqs[1]
     rows = read_jsonl(killed / "run" / "metrics.jsonl")
-    assert [r["batch/num_rows"] for r in rows] == [8.0] * STEPS  # 2 processes x 4 rows
+    # 2 processes x 8 rows
+    assert [r["batch/num_rows"] for r in rows] == [2.0 * TASK["samples_per_prompt"]] * STEPS
     assert json.loads((killed / "run" / "meta.json").read_text())["process_count"] == 2
 
 
@@ -216,7 +221,7 @@ def test_advantages_and_metrics_cover_both_processes(killed):
             for ex, resp, r in zip(s[n]["examples"], s[n]["responses"], s[n]["rewards"]):
                 assert r == float(tok.decode(resp[:1]) == answers[ex])
         assert row["reward/mean"] == pytest.approx(np.mean(rewards), abs=1e-12)
-        adv = compute_advantages(np.array(rewards, np.float32).reshape(2, 4),
+        adv = compute_advantages(np.array(rewards, np.float32).reshape(2, TASK["samples_per_prompt"]),
                                  AdvantageConfig(estimator="grpo"))
         np.testing.assert_array_equal(
             np.concatenate([s[n]["advantages"] for s in spies]).astype(np.float32),
@@ -228,7 +233,7 @@ def test_advantages_and_metrics_cover_both_processes(killed):
     bench = after["benchmarks"]["arithmetic"]
     assert (bench["num_examples"], bench["num_samples"]) == (2, 8)  # 1 example per process
     with np.load(killed / "run" / "token_samples" / "step_0.npz") as tokens:
-        assert tokens["loss_mask"].shape[0] == 8  # both processes' rows
+        assert tokens["loss_mask"].shape[0] == 2 * TASK["samples_per_prompt"]  # both processes' rows
 
 
 def test_kill_and_resume_of_both_processes_loses_and_repeats_no_batch(killed):
