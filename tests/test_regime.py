@@ -11,14 +11,17 @@ from experiments.analysis.regime import format_rows, main, regime_rows
 
 
 def _run(root, name, mode, seed, after, lr=3e-4, noise=0.5, gnorm=(0.1, 0.4), intra=3,
-         full_lag=None):
+         full_lag=None, learner=None):
     d = root / name
     d.mkdir(parents=True)
     cfg = {"name": "grpo_async" if name.startswith("method=grpo_async_") else "stress",
            "seed": seed, "rl_steps": 2, "objective": {"name": "grpo"},
            "optim": {"learning_rate": lr}, "sampler": {"logit_noise_std": noise},
            "staleness": {"mode": mode, "inter_lag": 4, "intra_switches": intra,
-                         "ring_size": intra + 1}}
+                         "ring_size": intra + 1},
+           "run_dir": str(d), "checkpoint": {"every": seed}}  # bookkeeping: not the setting
+    if learner is not None:
+        cfg["learner"] = learner
     (d / "config.json").write_text(json.dumps(cfg))
     rows = [{"step": i, "reward/mean": 0.1, "train/grad_norm": g, "ess/token_fraction": 0.9 - i / 10,
              "kl_mu_pi/k3": 0.01 * (i + 1), "entropy_pi/mean": 0.2 + i,
@@ -49,7 +52,7 @@ def test_gap_pairs_the_sync_baseline_by_setting_and_seed(tmp_path, capsys):
     # realised over all steps (inter 0, 1; intra 0, 0.5); no step of 2 gets inter 4 + intra
     # 3 in full (counted from the config's schedule: these summaries do not record it)
     assert (r["inter_all"], r["intra_all"], r["full_lag_steps"]) == (0.5, 0.25, 0)
-    assert "| grpo | 0.0003 | 0.5 | 2 | 4 | 3 |" in format_rows(rows)
+    assert "| grpo | 0.0003 | 0.5 | 2 |  | 4 | 3 |" in format_rows(rows)
     assert "| 0.5 | 0.2 | 0 of 2 |" in format_rows(rows)
     assert main([str(tmp_path), "--value", "eval_gain"]) == 0
     assert "-0.087 ± 0.080 (3)" in capsys.readouterr().out
@@ -91,3 +94,21 @@ def test_full_lag_is_blank_for_async_runs_and_counted_from_the_schedule_otherwis
     (tmp_path / "b" / "config.json").write_text(json.dumps(dict(cfg, rl_steps=9)))
     assert full_lag(load_runs(tmp_path / "b")[0]) == 4.0
     assert _of(4.0, 9) == "4 of 9"
+
+
+def test_runs_that_differ_in_any_other_field_are_not_paired_and_the_field_is_shown(tmp_path):
+    """The setting is the whole resolved config but the comparison (staleness, objective,
+    seed) and bookkeeping: sync and stale runs at another learner.minibatches are another
+    setting, and the table says which (the old key, (lr, noise, steps), paired them)."""
+    for seed in (0, 1):
+        _run(tmp_path, f"sync{seed}", "sync", seed, 0.30, learner={"minibatches": 1})
+        _run(tmp_path, f"async{seed}", "simulated", seed, 0.20, learner={"minibatches": 1})
+        _run(tmp_path, f"sync_mb4_{seed}", "sync", seed, 0.50, learner={"minibatches": 4})
+        _run(tmp_path, f"async_mb4_{seed}", "simulated", seed, 0.25, learner={"minibatches": 4})
+    rows = regime_rows(load_runs(tmp_path))
+    by_other = {r["other"]: r for r in rows}
+    assert set(by_other) == {"learner.minibatches=1", "learner.minibatches=4"}
+    assert by_other["learner.minibatches=1"]["gap"][0] == pytest.approx(-0.10)
+    assert by_other["learner.minibatches=4"]["gap"][0] == pytest.approx(-0.25)
+    assert by_other["learner.minibatches=4"]["gap"][2] == 2
+    assert "| grpo | 0.0003 | 0.5 | 2 | learner.minibatches=4 | 4 | 3 |" in format_rows(rows)

@@ -2,9 +2,14 @@
 the staleness-free baseline (``staleness.mode = sync``) against each stale method at the
 same learning rate, sampler mismatch and run length, over seeds.
 
-A *setting* is ``(learning rate, logit noise std, rl_steps)``; a stale run (simulated or
-async staleness) adds its configured ``(inter_lag, intra_switches)``. Rows pair the stale
-runs with the sync runs of the same setting **by seed**, and every number in a row is over
+A *setting* is every field of a run's resolved config that can change what it trains on,
+other than the comparison itself (`setting`: all but the staleness section, the
+objective, the seed and bookkeeping such as ``run_dir``, logging and checkpoints); the
+table shows its learning rate, logit noise std and ``rl_steps``, and in ``other`` every
+further field whose value varies among the runs read (e.g. ``learner.minibatches=4``).
+A stale run (simulated or async staleness) adds its configured ``(inter_lag,
+intra_switches)``. Rows pair the stale runs with the sync runs of the same setting **by
+seed**, and every number in a row is over
 those paired seeds only (``n``): the across-seed mean with its 95% Student-t half-width
 (`experiments.analysis.stats.mean_ci`; NaN below 2 seeds) of the sync value, the stale
 value and the paired gap ``stale - sync``. ``bites`` is ``yes`` when the gap is negative
@@ -58,11 +63,47 @@ from experiments.analysis.stats import excludes_zero, mean_ci
 VALUES = ("eval_after", "final_reward", "eval_gain")
 
 
-def setting(run: Run) -> tuple[float, float, int]:
-    """``(learning_rate, sampler.logit_noise_std, rl_steps)`` of a run's config."""
-    cfg = run.config
-    return (float(cfg["optim"]["learning_rate"]),
-            float(cfg.get("sampler", {}).get("logit_noise_std", 0.0)), int(cfg["rl_steps"]))
+# Config fields that are the comparison (staleness, the method's objective, the seed) or
+# cannot change what a run trains on (where it writes, logs and checkpoints; the side
+# scoring of token_samples_every): left out of a run's setting.
+_NOT_SETTING = ("staleness.", "objective.", "logging.", "checkpoint.")
+_NOT_SETTING_KEYS = frozenset({"seed", "run_dir", "name", "token_samples_every"})
+_SHOWN = ("optim.learning_rate", "sampler.logit_noise_std", "rl_steps")
+
+
+def _flat(cfg: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in cfg.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = tuple(value) if isinstance(value, list) else value
+    return out
+
+
+def setting(run: Run) -> tuple[tuple[str, Any], ...]:
+    """A run's setting: the sorted ``(dotted field, value)`` pairs of its resolved config
+    without the fields of the comparison and the bookkeeping (module docstring), so two
+    runs pair only when everything else they were given is equal."""
+    return tuple(sorted((k, v) for k, v in _flat(run.config).items()
+                        if k not in _NOT_SETTING_KEYS and not k.startswith(_NOT_SETTING)))
+
+
+def _shown(s: tuple[tuple[str, Any], ...]) -> tuple[float, float, int]:
+    d = dict(s)
+    return (float(d["optim.learning_rate"]), float(d.get("sampler.logit_noise_std", 0.0)),
+            int(d["rl_steps"]))
+
+
+def _varying(settings: Iterable[tuple[tuple[str, Any], ...]]) -> list[str]:
+    """Fields (besides the shown ones) whose value differs between ``settings``."""
+    values: dict[str, set] = {}
+    for s in settings:
+        for k, v in s:
+            values.setdefault(k, set()).add(repr(v))
+    keys = set().union(*(dict(s).keys() for s in settings)) if settings else set()
+    return sorted(k for k in keys if k not in _SHOWN and (
+        len(values.get(k, ())) > 1 or any(k not in dict(s) for s in settings)))
 
 
 def value(run: Run, name: str) -> float:
@@ -122,8 +163,10 @@ def label(run: Run) -> str:
 
 def regime_rows(runs: Iterable[Run], value_name: str = "eval_after") -> list[dict[str, Any]]:
     """One row per (stale method, setting, inter, intra) with a sync baseline of the same
-    setting on at least one common seed: ``method, lr, noise, steps, inter, intra, sync,
-    stale, gap`` (each ``(mean, half_width, n)`` over the paired seeds), ``bites``
+    setting on at least one common seed: ``method, lr, noise, steps, other`` (the varying
+    fields of the setting beyond those three, ``"field=value"`` joined by spaces),
+    ``inter, intra, sync, stale, gap`` (each ``(mean, half_width, n)`` over the paired
+    seeds), ``bites``
     (``"yes"``/``"no"``/``"n/a"``), the stale runs' mean indicators and what their lag
     realised (``inter_all``, ``intra_all``, ``full_lag_steps``; module doc). Only finished
     runs (a summary) count.
@@ -138,10 +181,15 @@ def regime_rows(runs: Iterable[Run], value_name: str = "eval_after") -> list[dic
     groups: dict[tuple, list[Run]] = {}
     for r in runs:
         if r.config["staleness"]["mode"] != "sync":
-            groups.setdefault((label(r), *setting(r), r.inter_lag, r.intra_switches), []).append(r)
+            groups.setdefault((label(r), setting(r), r.inter_lag, r.intra_switches), []).append(r)
+    varying = _varying([setting(r) for r in runs])
     rows = []
-    for (method, lr, noise, steps, inter, intra), stale in sorted(groups.items()):
-        base = {r.seed: value(r, value_name) for r in sync if setting(r) == (lr, noise, steps)}
+    for (method, where, inter, intra), stale in sorted(groups.items(), key=lambda g: (
+            g[0][0], _shown(g[0][1]), repr(g[0][1]), g[0][2], g[0][3])):
+        lr, noise, steps = _shown(where)
+        d = dict(where)
+        other = " ".join(f"{k}={d.get(k, '-')}" for k in varying)
+        base = {r.seed: value(r, value_name) for r in sync if setting(r) == where}
         mine = {r.seed: r for r in stale}
         seeds = sorted(set(base) & set(mine))
         if not seeds:
@@ -152,7 +200,8 @@ def regime_rows(runs: Iterable[Run], value_name: str = "eval_after") -> list[dic
         full = [full_lag(mine[s]) for s in seeds]
         bites = "n/a" if gap[2] < 2 else ("yes" if gap[0] < 0 and excludes_zero(gap[0], gap[1]) else "no")
         rows.append({
-            "method": method, "lr": lr, "noise": noise, "steps": steps, "inter": inter,
+            "method": method, "lr": lr, "noise": noise, "steps": steps, "other": other,
+            "inter": inter,
             "intra": intra, "sync": mean_ci([base[s] for s in seeds]),
             "stale": mean_ci([value(mine[s], value_name) for s in seeds]), "gap": gap,
             "bites": bites, **{k: float(np.nanmean([i[k] for i in ind])) for k in ind[0]},
@@ -172,13 +221,14 @@ def format_rows(rows: list[dict[str, Any]], value_name: str = "eval_after") -> s
     if not rows:
         return "(no stale setting with a finished sync baseline on a common seed)"
     ci = lambda t: f"{t[0]:.3f} ± {t[1]:.3f} ({t[2]})"  # noqa: E731
-    head = (f"| method | lr | noise | steps | inter | intra | sync {value_name} | stale "
-            f"{value_name} | gap stale-sync | bites | gnorm max | ESS min | k3 max | "
+    head = (f"| method | lr | noise | steps | other | inter | intra | sync {value_name} | "
+            f"stale {value_name} | gap stale-sync | bites | gnorm max | ESS min | k3 max | "
             "entropy last | inter (all) | intra (all) | full-lag steps |")
-    lines = [head, "|" + "---|" * 17]
+    lines = [head, "|" + "---|" * 18]
     for r in rows:
         lines.append(
-            f"| {r['method']} | {r['lr']:g} | {r['noise']:g} | {r['steps']} | {r['inter']} | "
+            f"| {r['method']} | {r['lr']:g} | {r['noise']:g} | {r['steps']} | {r['other']} | "
+            f"{r['inter']} | "
             f"{r['intra']} | {ci(r['sync'])} | {ci(r['stale'])} | {ci(r['gap'])} | "
             f"{r['bites']} | {r['gnorm_max']:.3g} | {r['ess_min']:.3f} | "
             f"{r['k3_max']:.3g} | {r['entropy_last']:.3f} | {r['inter_all']:.1f} | "
