@@ -71,3 +71,17 @@ def test_a_method_with_one_seed_twice_is_refused_with_both_runs_named(tmp_path, 
         method_rows(load_runs(tmp_path))
     assert main([str(tmp_path)]) == 2
     assert "methods: error:" in capsys.readouterr().err
+
+
+def test_runs_of_two_settings_are_refused_naming_the_field(tmp_path):
+    """A table over methods trained under different conditions would pair them: runs
+    whose configs differ beyond the objective, staleness, seed and bookkeeping are
+    refused (the table used to pair ENTR at one learning rate with GRPO at another)."""
+    _run(tmp_path, "grpo_async", 0, 0.3)
+    _run(tmp_path, "entr", 0, 0.4)
+    cfg_path = tmp_path / "method=entr_seed=0" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["optim"]["learning_rate"] = 1e-4
+    cfg_path.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="differ in optim.learning_rate"):
+        method_rows(load_runs(tmp_path))

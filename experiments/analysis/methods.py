@@ -16,6 +16,9 @@ accuracy), ``final reward`` (mean training reward of the last 10 RL steps' rollo
   0 for a method without a gate (GRPO, CISPO); a clip is not a mask.
 * ``clip`` is ``clip/frac_low + clip/frac_high`` averaged the same way (loss tokens whose
   gradient the clip removes); blank for a method without a clip band (M2PO).
+* all runs must share one setting (every resolved config field but the objective, the
+  staleness section, the seed and bookkeeping): runs given another learning rate, lag
+  or mismatch are refused, naming the fields, rather than paired.
 * ``gnorm max``, ``ESS min``, ``k3 max`` are each run's largest gradient norm, smallest
   token ESS fraction and largest k3 KL(mu||pi) (`experiments.analysis.regime.indicators`),
   averaged over seeds (the mean of the per-run extremes, not the extreme of all runs).
@@ -37,7 +40,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from experiments.analysis.regime import indicators, label, value
+from experiments.analysis.regime import indicators, label, setting, value, varying_fields
 from experiments.analysis.runs import Run, print_table
 from experiments.analysis.stats import mean_ci
 
@@ -57,8 +60,18 @@ def method_rows(runs: Iterable[Run], reference: str = "grpo_async") -> list[dict
     reference's on the common seeds, ``(mean, half_width, n)``; n = 0 for the reference
     itself and for a method with no common seed) and the seed-mean collapse indicators
     (NaN when no seed has one). ``seeds`` lists the finished seeds; a value's n can be
-    smaller where a run lacks that value."""
+    smaller where a run lacks that value.
+
+    Raises:
+      ValueError: a method has a seed twice, or the runs are not of one setting (their
+        resolved configs differ in a field other than the comparison's: objective,
+        staleness, seed, bookkeeping; `experiments.analysis.regime.setting`), which would
+        pair methods trained under different conditions."""
     runs = [r for r in runs if r.summary is not None]
+    differ = varying_fields([setting(r) for r in runs], shown=())
+    if differ:
+        raise ValueError("method_rows: the runs are not of one setting: they differ in "
+                         f"{', '.join(differ)}; make one table per setting")
     groups: dict[str, dict[int, Run]] = {}
     for r in runs:
         seeds = groups.setdefault(label(r), {})

@@ -95,14 +95,17 @@ def _shown(s: tuple[tuple[str, Any], ...]) -> tuple[float, float, int]:
             int(d["rl_steps"]))
 
 
-def _varying(settings: Iterable[tuple[tuple[str, Any], ...]]) -> list[str]:
-    """Fields (besides the shown ones) whose value differs between ``settings``."""
+def varying_fields(settings: Iterable[tuple[tuple[str, Any], ...]],
+                   shown: tuple[str, ...] = _SHOWN) -> list[str]:
+    """Fields of `setting` tuples (besides ``shown``) whose value differs between them or
+    that some of them lack."""
+    settings = list(settings)
     values: dict[str, set] = {}
     for s in settings:
         for k, v in s:
             values.setdefault(k, set()).add(repr(v))
     keys = set().union(*(dict(s).keys() for s in settings)) if settings else set()
-    return sorted(k for k in keys if k not in _SHOWN and (
+    return sorted(k for k in keys if k not in shown and (
         len(values.get(k, ())) > 1 or any(k not in dict(s) for s in settings)))
 
 
@@ -182,7 +185,7 @@ def regime_rows(runs: Iterable[Run], value_name: str = "eval_after") -> list[dic
     for r in runs:
         if r.config["staleness"]["mode"] != "sync":
             groups.setdefault((label(r), setting(r), r.inter_lag, r.intra_switches), []).append(r)
-    varying = _varying([setting(r) for r in runs])
+    varying = varying_fields([setting(r) for r in runs])
     rows = []
     for (method, where, inter, intra), stale in sorted(groups.items(), key=lambda g: (
             g[0][0], _shown(g[0][1]), repr(g[0][1]), g[0][2], g[0][3])):
