@@ -183,11 +183,13 @@ def _replace_path(obj: Any, parts: list[str], value: Any, key: str) -> Any:
     return dataclasses.replace(obj, **{parts[0]: child})
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as one dict of dotted keys (``{"optim": {"learning_rate": x}}`` ->
+    ``{"optim.learning_rate": x}``); tuples become lists, as in ``config.json``."""
     out = {}
     for k, v in d.items():
         if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
+            out.update(flatten(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
     return out
@@ -201,7 +203,7 @@ def effective_fields(config: Any) -> dict[str, Any]:
     d = json.loads(json.dumps(d, default=str))  # tuples -> lists, as in config.json
     name = d["objective"]["name"]
     section = _ALIASES.get(name, name)
-    out = {k: v for k, v in _flatten({x: y for x, y in d.items() if x != "objective"}).items()
+    out = {k: v for k, v in flatten({x: y for x, y in d.items() if x != "objective"}).items()
            if k not in _NOT_COMPARED}
     out["objective.name"] = name
     out.update({f"objective.{k}": v for k, v in d["objective"][section].items()})

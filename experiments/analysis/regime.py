@@ -50,6 +50,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from typing import Any, Iterable
@@ -59,6 +60,7 @@ import numpy as np
 from entr_jax import staleness
 from experiments.analysis.runs import Run, final_reward, measured_staleness, print_table
 from experiments.analysis.stats import excludes_zero, mean_ci
+from experiments.comparison import flatten
 
 VALUES = ("eval_after", "final_reward", "eval_gain")
 
@@ -71,21 +73,12 @@ _NOT_SETTING_KEYS = frozenset({"seed", "run_dir", "name", "token_samples_every"}
 _SHOWN = ("optim.learning_rate", "sampler.logit_noise_std", "rl_steps")
 
 
-def _flat(cfg: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for key, value in cfg.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = tuple(value) if isinstance(value, list) else value
-    return out
-
-
 def setting(run: Run) -> tuple[tuple[str, Any], ...]:
     """A run's setting: the sorted ``(dotted field, value)`` pairs of its resolved config
     without the fields of the comparison and the bookkeeping (module docstring), so two
     runs pair only when everything else they were given is equal."""
-    return tuple(sorted((k, v) for k, v in _flat(run.config).items()
+    return tuple(sorted((k, json.dumps(v) if isinstance(v, list) else v)
+                        for k, v in flatten(run.config).items()
                         if k not in _NOT_SETTING_KEYS and not k.startswith(_NOT_SETTING)))
 
 
