@@ -10,16 +10,33 @@ the seconds per sampled / trained token on one node (perfect scaling assumed).
 from __future__ import annotations
 
 import heapq
+from typing import Sequence
 
 
-def simulate_async(steps: int, n_samplers: int, batch_sample_s: float, batch_learn_s: float,
-                   max_staleness: int) -> float:
+def _per_batch(cost: float | Sequence[float], steps: int, name: str) -> list[float]:
+    if isinstance(cost, (int, float)):
+        return [float(cost)] * steps
+    cost = [float(c) for c in cost]
+    if len(cost) != steps:
+        raise ValueError(f"simulate_async: {name} has {len(cost)} entries for {steps} steps")
+    return cost
+
+
+def simulate_async(steps: int, n_samplers: int, batch_sample_s: float | Sequence[float],
+                   batch_learn_s: float | Sequence[float], max_staleness: int) -> float:
     """Makespan of ``steps`` learner steps with ``n_samplers`` (discrete events).
 
     Samplers take batches in order; batch ``b`` may start once ``version >= b -
     max_staleness`` (version = learner steps finished); the learner consumes batches in
-    order, one at a time.
+    order, one at a time. ``batch_sample_s`` / ``batch_learn_s``: seconds to generate /
+    train one batch, the same for every batch or one value per batch (measured per-batch
+    costs, e.g. long-tailed generation times).
+
+    Raises:
+      ValueError: a per-batch cost list whose length is not ``steps``.
     """
+    sample = _per_batch(batch_sample_s, steps, "batch_sample_s")
+    learn = _per_batch(batch_learn_s, steps, "batch_learn_s")
     free_at = [0.0] * n_samplers  # when each sampler is next idle
     heapq.heapify(free_at)
     ready = []  # ready time of batch b
@@ -29,11 +46,11 @@ def simulate_async(steps: int, n_samplers: int, batch_sample_s: float, batch_lea
         gate = b - max_staleness - 1  # needs learner step `gate` finished (version b - bound)
         if gate >= 0:
             start = max(start, learner_done[gate])
-        finish = start + batch_sample_s
+        finish = start + sample[b]
         heapq.heappush(free_at, finish)
         ready.append(finish)
         prev = learner_done[-1] if learner_done else 0.0
-        learner_done.append(max(prev, finish) + batch_learn_s)
+        learner_done.append(max(prev, finish) + learn[b])
     return learner_done[-1]
 
 

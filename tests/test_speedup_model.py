@@ -27,3 +27,13 @@ def test_model_table_matches_the_closed_form_in_steady_state():
     # N=4: sync = 2 / 5 = 0.4 s, async = max(1/4, 1) = 1 s -> 0.4x (learner-bound)
     assert rows[0]["predicted_speedup"] == pytest.approx(1.0, rel=1e-2)
     assert rows[1]["predicted_speedup"] == pytest.approx(0.4, rel=1e-2)
+
+
+def test_per_batch_costs_follow_the_long_batch():
+    # generation 1, 3, 1 s; learning 1 s: b0 ready 1 -> learned 2; b1 ready 4 -> 5;
+    # b2 ready 5 -> 6 (the long batch stalls the learner, the next one is ready at once)
+    assert simulate_async(3, 1, [1.0, 3.0, 1.0], 1.0, max_staleness=10) == 6.0
+    # constant costs given as lists are the scalar case
+    assert simulate_async(3, 1, [1.0] * 3, [1.0] * 3, max_staleness=0) == 6.0
+    with pytest.raises(ValueError, match="2 entries for 3 steps"):
+        simulate_async(3, 1, [1.0, 2.0], 1.0, max_staleness=1)
