@@ -34,8 +34,10 @@ diagnostics of `learners.diagnostics` (staleness against the version before the 
 The call returns them stacked over its K updates and reduced to one record by
 `learners.diagnostics.reduce_over_steps` (each metric pooled by its declared rule, the
 token diagnostics finalized once from the sums of all K updates, so the record is the
-value over every token the call trained on), plus ``train/version`` (after the call) and
-``train/optimizer_steps`` (K).
+value over every token the call trained on), plus ``train/version`` (after the call),
+``train/optimizer_steps`` (K) and ``train/grad_norm_max`` (the largest of the K updates'
+gradient norms; ``train/grad_norm`` is their mean, which would hide a spike in one
+update).
 """
 
 from __future__ import annotations
@@ -253,6 +255,7 @@ def make_train_step(
         metrics = reduce_over_steps(stacked, num_epochs, diagnostic_sums=sums, rules=rules)
         metrics["train/version"] = version.astype(jnp.float32)
         metrics["train/optimizer_steps"] = jnp.float32(k)
+        metrics["train/grad_norm_max"] = jnp.max(stacked["train/grad_norm"])
         new_state = state.replace(
             params=params, opt_state=opt_state, version=version, step=state.step + 1
         )

@@ -123,6 +123,9 @@ def test_round_metrics_are_the_documented_reduction(rounds):
     assert got["is_weight/max"] == pytest.approx(float(per["is_weight/max"].max()))
     assert got["log_ratio_pi_mu/abs_max"] == pytest.approx(float(per["log_ratio_pi_mu/abs_max"].max()))
     assert got["train/grad_norm"] == pytest.approx(float(per["train/grad_norm"].mean()), rel=1e-6)
+    # the largest of the 4 updates' norms, not their mean (a spike in one update)
+    assert got["train/grad_norm_max"] == pytest.approx(float(per["train/grad_norm"].max()), rel=1e-6)
+    assert got["train/grad_norm_max"] > got["train/grad_norm"]
     assert got["train/applied"] == 4.0 and got["train/skipped"] == 0.0
     assert got["train/learning_rate"] == pytest.approx(0.05)
     # on-policy weights would give ESS 1; with w = pi/mu ~ e^2 * u the spread lowers it

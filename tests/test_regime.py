@@ -112,3 +112,20 @@ def test_runs_that_differ_in_any_other_field_are_not_paired_and_the_field_is_sho
     assert by_other["learner.minibatches=4"]["gap"][0] == pytest.approx(-0.25)
     assert by_other["learner.minibatches=4"]["gap"][2] == 2
     assert "| grpo | 0.0003 | 0.5 | 2 | learner.minibatches=4 | 4 | 3 |" in format_rows(rows)
+
+
+def test_gnorm_max_is_the_largest_update_of_a_step_when_recorded(tmp_path):
+    """With several updates per step, train/grad_norm is their mean: the indicator reads
+    train/grad_norm_max (the largest update), and train/grad_norm in runs without it."""
+    from experiments.analysis.regime import indicators
+
+    _run(tmp_path, "old", "simulated", 0, 0.2, gnorm=(0.1, 0.4))
+    d = tmp_path / "new"
+    _run(tmp_path, "new", "simulated", 0, 0.2, gnorm=(0.1, 0.4))
+    rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+    for r, m in zip(rows, (2.5, 0.7)):
+        r["train/grad_norm_max"] = m
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    runs = {r.path.name: r for r in load_runs(tmp_path)}
+    assert indicators(runs["old"])["gnorm_max"] == 0.4
+    assert indicators(runs["new"])["gnorm_max"] == 2.5

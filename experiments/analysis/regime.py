@@ -25,7 +25,8 @@ Values (``--value``):
   staleness those rollouts come from older policies, so prefer ``eval_after``).
 
 Collapse indicators, of the stale method, averaged over its paired seeds (each run's
-value over its RL steps): ``gnorm max`` (largest ``train/grad_norm``), ``ESS min``
+value over its RL steps): ``gnorm max`` (largest ``train/grad_norm_max``, the gradient
+norm of the step's largest optimizer update; ``train/grad_norm`` in older runs), ``ESS min``
 (smallest ``ess/token_fraction``), ``k3 max`` (largest ``kl_mu_pi/k3``, the k3 estimate of
 KL(mu||pi)), ``entropy last`` (``entropy_pi/mean`` of the last step). The method is the
 comparison label of a comparison sweep (``grpo_async``), else the objective name.
@@ -128,7 +129,11 @@ def _indicator(run: Run, key: str, how) -> float:
 def indicators(run: Run) -> dict[str, float]:
     """The collapse indicators of one run (see the module docstring)."""
     last = [m for m in run.metrics if "entropy_pi/mean" in m]
-    return {"gnorm_max": _indicator(run, "train/grad_norm", max),
+    # the largest update's norm of each step (several updates per step with PPO
+    # mini-batches); train/grad_norm, their mean, in runs made before it was recorded
+    gnorm = "train/grad_norm_max" if any("train/grad_norm_max" in m for m in run.metrics) \
+        else "train/grad_norm"
+    return {"gnorm_max": _indicator(run, gnorm, max),
             "ess_min": _indicator(run, "ess/token_fraction", min),
             "k3_max": _indicator(run, "kl_mu_pi/k3", max),
             "entropy_last": float(last[-1]["entropy_pi/mean"]) if last else math.nan}
