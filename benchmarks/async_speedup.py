@@ -108,7 +108,7 @@ def _base_config(args):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--max-staleness", type=int, default=2)
     parser.add_argument("--preset", choices=("quickstart", "stress"), default="quickstart",

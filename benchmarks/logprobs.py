@@ -112,7 +112,7 @@ def run_child(kind: str, b: int, t: int, d: int, v: int, chunk_size: int, repeat
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("--vocab", type=int, default=151_936)
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--chunk-size", type=int, default=128)

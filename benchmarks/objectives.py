@@ -128,7 +128,7 @@ def interleaved(calls: dict, repeats: int, warmup: int) -> tuple[dict, dict, lis
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--length", type=int, default=4096)
     p.add_argument("--repeats", type=int, default=30)

@@ -275,7 +275,7 @@ def rehearse(dtype: str, workdir: str, shape: str, timeout: float,
 
 
 def main(argv: list[str] | None = None) -> dict | None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"],
                    choices=["float32", "bfloat16"])
     p.add_argument("--shape", default="qwen2.5-0.5b", choices=sorted(SHAPES))

@@ -33,6 +33,8 @@ Usage::
     python -m experiments.sweep emit  SPEC.toml --out runs/sweep > commands.txt
     python -m experiments.sweep summarize runs/sweep
     python -m experiments.sweep run   SPEC.toml --out runs/sweep --only REGEX  # a slice
+    python -m experiments.sweep run   SPEC.toml --out runs/small --set rl_steps=10
+    python -m experiments.sweep run   SPEC.toml --out runs/sweep --reuse runs/other_sweep
 
 ``--only`` keeps the runs whose directory name matches the regular expression
 (``re.search``). Names are ``[method=LABEL_]field=value_..._seed=S`` with each field's last
@@ -40,6 +42,16 @@ dotted part, e.g. one setting of ``stress_regime.toml`` with its sync baseline (
 lag fields), every seed::
 
     --only 'learning_rate=0.0003_(inter_lag=30_intra_switches=3_)?logit_noise_std=0.5_seed'
+
+``--set KEY=VALUE`` (repeatable) replaces or adds one ``[fixed]`` entry for this invocation
+(VALUE read as a TOML value, else as a string: ``--set model.path=runs/x/sft_model``),
+e.g. a smaller copy of a spec; it is recorded in the comparison's ``sweep_spec.json``. A key
+that a grid varies is refused (the grid would win). ``--reuse DIR`` (repeatable): a pending
+run whose resolved config equals that of a finished run under DIR (every field but
+`REUSE_IGNORED`, which label a run and change none of its values) is not run again: the
+finished run's files are copied in (checkpoints and the parameter ring left behind) with a
+``reused_from.json`` naming the source, e.g. the GRPO arms of a method comparison from the
+regime search that ran the same configs.
 
 A method comparison adds a ``[comparison]`` table (one shared objective base, each
 method's own parameters and declared differences; `experiments.comparison`): its methods
@@ -84,6 +96,38 @@ class SweepRun:
         if resume:
             args.append("--resume")
         return args
+
+
+def parse_set(items: list[str] | None) -> dict[str, Any]:
+    """``["a.b=1", "c=x/y"]`` -> ``{"a.b": 1, "c": "x/y"}``: each VALUE read as a TOML value
+    (numbers, booleans, quoted strings, arrays), else kept as the string it is.
+
+    Raises:
+      ValueError: an item without ``=`` or with an empty key.
+    """
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. --set rl_steps=10")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        out[key.strip()] = value
+    return out
+
+
+def apply_set(spec: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any]:
+    """The spec with ``sets`` merged into its ``[fixed]`` table (a new dict; `parse_set`).
+
+    Raises:
+      ValueError: a key one of the spec's grids varies (the grid value would win).
+    """
+    varied = sorted(k for grid in spec["grid"] for k in grid if k in sets)
+    if varied:
+        raise ValueError(f"--set {', '.join(varied)}: varied by the spec's grid; edit the grid")
+    return {**spec, "fixed": {**spec["fixed"], **sets}}
 
 
 def _cli_value(value: Any) -> str:
@@ -172,6 +216,63 @@ def has_checkpoint(run: SweepRun) -> bool:
     return ckpt.is_dir() and any(p.name.isdigit() for p in ckpt.iterdir())
 
 
+REUSE_IGNORED = ("name", "run_dir", "logging")  # labels and where a run logs to
+
+
+def _identity(config: dict[str, Any]) -> dict[str, Any]:
+    """The dotted fields of a ``config.json`` dict that decide a run's values."""
+    return {k: v for k, v in comparison.flatten(config).items()
+            if k.split(".")[0] not in REUSE_IGNORED}
+
+
+def resolved_config(spec: dict[str, Any], run: SweepRun) -> dict[str, Any]:
+    """The ``config.json`` dict the run would write: its command parsed by the job's own CLI
+    (`experiments.run.parse`), so every conversion the CLI makes is made here."""
+    import contextlib
+    import io
+
+    from experiments.run import parse
+
+    with contextlib.redirect_stderr(io.StringIO()):  # its notes belong to the run's own log
+        cfg, _ = parse(run.command(spec["preset"])[3:])
+    return json.loads(cfg.to_json())
+
+
+def reuse_finished(spec: dict[str, Any], runs: list[SweepRun],
+                   sources: list[str | pathlib.Path]) -> list[dict]:
+    """Fill each unfinished run from a finished run under ``sources`` with the same resolved
+    config (all fields but `REUSE_IGNORED`): its files are copied in, except ``checkpoints/``
+    and ``ring/``; ``config.json`` gets this run's name and run_dir; ``reused_from.json``
+    names the source. Returns one record per reused run."""
+    import shutil
+
+    if not sources:
+        return []
+    found: dict[str, pathlib.Path] = {}
+    for source in sources:
+        for summary in sorted(pathlib.Path(source).glob("*/summary.json")):
+            config = json.loads((summary.parent / "config.json").read_text())
+            found.setdefault(json.dumps(_identity(config), sort_keys=True), summary.parent)
+    records = []
+    for run in runs:
+        if is_finished(run):
+            continue
+        mine = resolved_config(spec, run)
+        src = found.get(json.dumps(_identity(mine), sort_keys=True))
+        if src is None:
+            continue
+        if run.run_dir.exists():
+            shutil.rmtree(run.run_dir)  # a partial run of the same config: replaced whole
+        shutil.copytree(src, run.run_dir, ignore=shutil.ignore_patterns("checkpoints", "ring"))
+        saved = json.loads((run.run_dir / "config.json").read_text())
+        saved.update(name=mine["name"], run_dir=mine["run_dir"])
+        (run.run_dir / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True))
+        (run.run_dir / "reused_from.json").write_text(json.dumps(
+            {"source": str(src), "ignored_fields": list(REUSE_IGNORED)}, indent=1))
+        records.append({"name": run.name, "status": f"reused ({src})"})
+    return records
+
+
 def select(runs: list[SweepRun], only: str | None) -> list[SweepRun]:
     """The runs whose name matches the regular expression ``only`` (``re.search``; None =
     all): one slice of a sweep, e.g. one setting of a grid over every seed.
@@ -193,12 +294,16 @@ def select(runs: list[SweepRun], only: str | None) -> list[SweepRun]:
 
 
 def run_local(spec: dict[str, Any], out_dir: str | pathlib.Path, workers: int = 1,
-              only: str | None = None) -> list[dict]:
+              only: str | None = None, reuse: list[str] | None = None) -> list[dict]:
     """Run every unfinished run (of the ``only`` slice, see `select`) with ``workers``
-    processes; returns one record per run."""
+    processes, after filling those a finished run under ``reuse`` matches
+    (`reuse_finished`); returns one record per run."""
     runs = select(expand(spec, out_dir), only)
+    reused = reuse_finished(spec, runs, reuse or [])
     pending = [r for r in runs if not is_finished(r)]
-    records = [{"name": r.name, "status": "skipped (finished)"} for r in runs if is_finished(r)]
+    done = {r["name"] for r in reused}
+    records = reused + [{"name": r.name, "status": "skipped (finished)"}
+                        for r in runs if is_finished(r) and r.name not in done]
 
     def _one(run: SweepRun) -> dict:
         run.run_dir.mkdir(parents=True, exist_ok=True)
@@ -279,8 +384,12 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--out", required=True)
         p.add_argument("--only", metavar="REGEX", default=None,
                        help="only the runs whose name matches REGEX (re.search)")
+        p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
+                       help="replace or add a [fixed] entry (repeatable)")
         if name == "run":
             p.add_argument("--workers", type=int, default=1)
+            p.add_argument("--reuse", metavar="DIR", action="append", default=[],
+                           help="copy in finished runs of DIR with the same resolved config")
     p = sub.add_parser("summarize")
     p.add_argument("out")
     args = parser.parse_args(argv)
@@ -290,8 +399,8 @@ def main(argv: list[str] | None = None) -> int:
         if report:
             print(report)
         return 0
-    spec = load_spec(args.spec)
     try:
+        spec = apply_set(load_spec(args.spec), parse_set(args.set))
         select(expand(spec, args.out), args.only)
     except ValueError as err:
         print(f"sweep: error: {err}", file=sys.stderr)
@@ -303,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "emit":
         print("\n".join(emit(spec, args.out, args.only)))
         return 0
-    records = run_local(spec, args.out, args.workers, args.only)
+    records = run_local(spec, args.out, args.workers, args.only, args.reuse)
     for rec in records:
         print(json.dumps(rec))
     print(format_table(summarize(args.out)))

@@ -135,3 +135,87 @@ def test_only_runs_the_slice_whose_names_match(spec, tmp_path, monkeypatch, caps
     spec_path.write_text('preset = "cpu_staleness"\nseeds = [0]\n[[grid]]\nrl_steps = [1]\n')
     assert sweep.main(["emit", str(spec_path), "--out", str(tmp_path), "--only", "("]) == 2
     assert "--only '(' is not a regular expression" in capsys.readouterr().err
+
+
+def test_set_replaces_fixed_entries_with_typed_values(spec, tmp_path, capsys):
+    sets = sweep.parse_set(["rl_steps=3", "optim.learning_rate=5e-5", "model.path=runs/a/b",
+                            "sampler.top_p=1", "logging.wandb=true", 'name="x y"'])
+    assert sets == {"rl_steps": 3, "optim.learning_rate": 5e-5, "model.path": "runs/a/b",
+                    "sampler.top_p": 1, "logging.wandb": True, "name": "x y"}
+    changed = sweep.apply_set(spec, {"rl_steps": 3})
+    assert changed["fixed"] == {"rl_steps": 3} and spec["fixed"] == {"rl_steps": 7}
+    assert all(r.overrides["rl_steps"] == 3 for r in sweep.expand(changed, tmp_path))
+    with pytest.raises(ValueError, match="expected KEY=VALUE"):
+        sweep.parse_set(["rl_steps"])
+    with pytest.raises(ValueError, match="staleness.inter_lag: varied by the spec's grid"):
+        sweep.apply_set(spec, {"staleness.inter_lag": 2})
+    spec_path = tmp_path / "spec.toml"
+    spec_path.write_text(SPEC)
+    assert sweep.main(["emit", str(spec_path), "--out", str(tmp_path), "--set", "rl_steps=2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 10 and all(shlex.split(ln)[shlex.split(ln).index("--rl_steps") + 1]
+                                    == "2" for ln in lines)
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_reuse_copies_finished_runs_with_the_same_resolved_config(tmp_path, monkeypatch):
+    path = tmp_path / "spec.toml"
+    path.write_text('preset = "quickstart"\nseeds = [0, 1]\n[[grid]]\n"objective.name" = '
+                    '["entr", "grpo"]\n[fixed]\nrl_steps = 3\n')
+    spec = sweep.load_spec(path)
+    runs = sweep.expand(spec, tmp_path / "out")
+    source = tmp_path / "other"
+    for i, run in enumerate(runs[:2]):  # runs[0]: same config; runs[1]: one field differs
+        config = sweep.resolved_config(spec, run)
+        config.update(name="elsewhere", run_dir=str(source / f"r{i}"))
+        config["logging"]["wandb_group"] = "another label"
+        if i == 1:
+            config["optim"]["learning_rate"] *= 2
+        d = source / f"r{i}"
+        (d / "checkpoints" / "7").mkdir(parents=True)
+        (d / "ring").mkdir()
+        (d / "eval").mkdir()
+        (d / "eval" / "after_rl.json").write_text("{}")
+        (d / "config.json").write_text(json.dumps(config))
+        (d / "summary.json").write_text(json.dumps({"eval_accuracy_after": 0.5 + i}))
+    seen = []
+
+    class Done:
+        returncode = 0
+
+    monkeypatch.setattr(sweep.subprocess, "run", lambda cmd, **k: seen.append(cmd) or Done())
+    records = sweep.run_local(spec, tmp_path / "out", reuse=[source])
+    assert [r["status"] for r in records].count(f"reused ({source / 'r0'})") == 1
+    assert len(seen) == len(runs) - 1  # every run but the matching one ran
+    got = runs[0].run_dir
+    assert json.loads((got / "summary.json").read_text()) == {"eval_accuracy_after": 0.5}
+    assert (got / "eval" / "after_rl.json").exists()
+    assert not (got / "checkpoints").exists() and not (got / "ring").exists()
+    config = json.loads((got / "config.json").read_text())
+    assert config["run_dir"] == str(got) and config["name"] == sweep.resolved_config(
+        spec, runs[0])["name"]
+    assert json.loads((got / "reused_from.json").read_text())["source"] == str(source / "r0")
+    assert not (runs[1].run_dir / "reused_from.json").exists()
+
+
+def test_the_stored_stress_slice_is_stress_methods_narrowed_by_its_args(tmp_path):
+    """tests/data/make_stress_runs.sh runs stress_methods.toml with the arguments of
+    tests/data/stress_slice.args: the stored runs' configs are what they resolve to (all
+    fields but labels; checkpoint.keep is inert with checkpoint.every = 0), so the CI slice
+    is the regime's setting in small shapes, not a copy of it that can drift."""
+    args = (ROOT / "tests/data/stress_slice.args").read_text().splitlines()
+    only = args[args.index("--only") + 1]
+    sets = sweep.parse_set([args[i + 1] for i, a in enumerate(args) if a == "--set"])
+    assert sets["checkpoint.every"] == 0
+    spec = sweep.apply_set(sweep.load_spec(ROOT / "experiments/sweeps/stress_methods.toml"), sets)
+    stored = ROOT / "tests/data/stress_runs"
+    runs = sweep.select(sweep.expand(spec, stored), only)
+    assert sorted(r.name for r in runs) == sorted(
+        p.parent.name for p in stored.glob("*/summary.json"))
+    for run in runs:
+        mine = sweep._identity(sweep.resolved_config(spec, run))
+        theirs = sweep._identity(json.loads((run.run_dir / "config.json").read_text()))
+        mine.pop("checkpoint.keep"), theirs.pop("checkpoint.keep")
+        assert mine == theirs, run.name
