@@ -15,7 +15,9 @@ optimizer step (``learners.step.make_train_step``), reported side by side with
 * google-tunix's GRPO update on the same model shape (``tunix.rl.algo_core.grpo_loss_fn``
   + ``nnx.value_and_grad`` + ``optax.adamw`` under ``nnx.jit``; the loss/update path its
   ``GRPOLearner`` trains with, without the rollout cluster), run from a separate venv
-  given by ``--tunix-python`` when it exists.
+  given by ``--tunix-python`` when it exists, as a child process whose steps are
+  interleaved with ours (our step, a peak sample, its step, per round);
+  ``entr_jax_over_tunix_tokens_per_s`` is the spread of the per-round paired ratios.
 
 ``--gpu``: bf16 parameters and activations, Qwen2.5-0.5B shape, random weights; prints
 tokens/s and MFU against ``--peak-tflops`` (default 989, H100/H200 dense bf16).
@@ -101,7 +103,9 @@ def synthetic_rl_batch(tokens, vocab_size: int, rng):
 
 
 def run_entr(shape: dict, *, batch: int, length: int, steps: int, dtype: str,
-             peak_fn=None) -> dict:
+             peak_fn=None, after_step=None) -> dict:
+    """Our ENTR train step timed ``steps`` times; after each, one ``peak_fn`` sample and
+    ``after_step()`` (e.g. one timed tunix step), so the three are interleaved."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -141,6 +145,8 @@ def run_entr(shape: dict, *, batch: int, length: int, steps: int, dtype: str,
         step_times.append(time.perf_counter() - t0)
         if peak_fn is not None:
             peaks.append(peak_fn())
+        if after_step is not None:
+            after_step()
     step_s = statistics.median(step_times)
     flops = _model_flops(cfg, n_matmul, batch, length)
     out = {
@@ -157,6 +163,7 @@ def run_entr(shape: dict, *, batch: int, length: int, steps: int, dtype: str,
         "achieved_flops_per_s": flops / step_s,
         "load_1m": {k: round(v, 2) for k, v in spread(load).items()},
         "loss_finite": bool(np.isfinite(float(metrics["loss"]))),
+        "_step_times": step_times,  # for paired ratios; main() drops it before printing
     }
     if peaks:
         out["matmul_peak_samples"] = len(peaks)
@@ -176,7 +183,7 @@ from flax import nnx
 from tunix.models.qwen2 import model as qm
 from tunix.rl import algo_core, common
 from tunix.rl.grpo.grpo_learner import GRPOConfig
-s = json.loads(sys.argv[1]); B, L, steps = s["batch"], s["length"], s["steps"]
+s = json.loads(sys.argv[1]); B, L = s["batch"], s["length"]
 cfg = qm.ModelConfig(num_layers=s["num_layers"], vocab_size=s["vocab_size"],
     embed_dim=s["hidden_size"], hidden_dim=s["intermediate_size"], num_heads=s["num_heads"],
     head_dim=s["head_dim"], num_kv_heads=s["num_kv_heads"], rope_theta=10000, norm_eps=1e-6,
@@ -205,42 +212,69 @@ def train_step(model, opt, ex):
     return loss
 t0 = time.perf_counter(); loss = train_step(model, opt, ex); jax.block_until_ready(loss)
 compile_s = time.perf_counter() - t0
-t0 = time.perf_counter()
-for _ in range(steps):
-    loss = train_step(model, opt, ex)
-jax.block_until_ready(loss)
-step_s = (time.perf_counter() - t0) / steps
 print(json.dumps({"params": int(n_params), "first_step_s_incl_compile": round(compile_s, 3),
-    "step_s": round(step_s, 4), "tokens_per_s": round(B * L / step_s, 1),
-    "loss_finite": bool(np.isfinite(float(loss))), "jax": jax.__version__}))
+    "jax": jax.__version__}), flush=True)
+for line in sys.stdin:  # one timed step per request: the parent interleaves them with its own
+    t0 = time.perf_counter()
+    loss = train_step(model, opt, ex)
+    jax.block_until_ready(loss)
+    print(json.dumps({"step_s": time.perf_counter() - t0,
+                      "loss_finite": bool(np.isfinite(float(loss)))}), flush=True)
 """
 
 
-def run_tunix(python: str, shape: dict, *, batch: int, length: int, steps: int,
-              timeout: int) -> dict:
-    if not os.path.exists(python):
-        return {"status": "not run", "reason": f"no tunix interpreter at {python}"}
-    spec = dict(shape, batch=batch, length=length, steps=steps)
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)
-    try:
-        proc = subprocess.run([python, "-c", _TUNIX_SCRIPT, json.dumps(spec)],
-                              capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"status": "timeout", "timeout_s": timeout}
-    if proc.returncode != 0:
-        return {"status": "failed", "stderr_tail": proc.stderr[-1500:]}
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    version = subprocess.run([python, "-c", "import importlib.metadata as m;"
-                              "print(m.version('google-tunix'))"], capture_output=True, text=True)
-    out["google_tunix_version"] = version.stdout.strip()
-    out["status"] = "ok"
-    out["what"] = "tunix grpo_loss_fn + nnx.value_and_grad + optax.adamw under nnx.jit"
-    return out
+class TunixChild:
+    """google-tunix's step in its own venv (``python``), as a child process that compiles
+    once and then times one step per `step` call, so the parent can interleave its steps
+    with ours (load drift then hits both sides alike)."""
+
+    def __init__(self, python: str, shape: dict, *, batch: int, length: int):
+        self.status, self.info, self.proc = "not run", {}, None
+        if not os.path.exists(python):
+            self.info = {"reason": f"no tunix interpreter at {python}"}
+            return
+        self.python = python
+        spec = dict(shape, batch=batch, length=length)
+        env = dict(os.environ, JAX_PLATFORMS="cpu")
+        env.pop("XLA_FLAGS", None)
+        self.proc = subprocess.Popen([python, "-c", _TUNIX_SCRIPT, json.dumps(spec)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=env)
+        self.info = self._read()
+        self.status = "ok" if self.info is not None else "failed"
+
+    def _read(self) -> dict | None:
+        line = self.proc.stdout.readline()
+        if not line:
+            self.info = {"stderr_tail": self.proc.stderr.read()[-1500:]}
+            self.status = "failed"
+            return None
+        return json.loads(line)
+
+    def step(self) -> dict | None:
+        """One timed tunix step: ``{"step_s", "loss_finite"}``, or None once it failed."""
+        if self.status != "ok":
+            return None
+        self.proc.stdin.write("step\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> dict:
+        """The child's figures (``status``, compile time, version), after stopping it."""
+        out = dict(self.info or {}, status=self.status)
+        if self.proc is not None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+            version = subprocess.run([self.python, "-c", "import importlib.metadata as m;"
+                                      "print(m.version('google-tunix'))"],
+                                     capture_output=True, text=True)
+            out["google_tunix_version"] = version.stdout.strip()
+            out["what"] = "tunix grpo_loss_fn + nnx.value_and_grad + optax.adamw under nnx.jit"
+        return out
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--gpu", action="store_true")
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--seq-len", type=int, default=1024)
@@ -248,7 +282,6 @@ def main(argv=None) -> None:
                         help="timed steps (CPU: >= 10, each followed by one matmul-peak sample)")
     parser.add_argument("--peak-n", type=int, default=4096, help="size of the f32 peak matmul")
     parser.add_argument("--tunix-python", default="/tmp/tunix_venv/bin/python")
-    parser.add_argument("--tunix-timeout", type=int, default=900)
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     args = parser.parse_args(argv)
 
@@ -257,6 +290,7 @@ def main(argv=None) -> None:
     if args.gpu:
         batch = args.batch or 8
         entr = run_entr(QWEN05, batch=batch, length=args.seq_len, steps=args.steps, dtype="bf16")
+        entr.pop("_step_times")
         entr["mfu"] = entr["achieved_flops_per_s"] / (args.peak_tflops * 1e12 * jax.device_count())
         print(json.dumps({"device": str(jax.devices()[0].device_kind), "entr_jax": entr,
                           "peak_tflops_assumed": args.peak_tflops}, indent=1))
@@ -267,21 +301,33 @@ def main(argv=None) -> None:
         raise SystemExit("--steps must be >= 10 on CPU: step time and matmul peak are medians "
                          "of that many interleaved samples")
     peak_fn = _matmul_peak_fn("float32", n=args.peak_n)
+    child = TunixChild(args.tunix_python, SMALL, batch=batch, length=args.seq_len)
+    tunix_steps: list[dict] = []
     entr = run_entr(SMALL, batch=batch, length=args.seq_len, steps=args.steps, dtype="f32",
-                    peak_fn=peak_fn)
+                    peak_fn=peak_fn, after_step=lambda: tunix_steps.append(child.step()))
     entr["peak_rss_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
     peak = entr["f32_matmul_peak_flops_per_s"]["median"]
-    tunix = run_tunix(args.tunix_python, SMALL, batch=batch, length=args.seq_len,
-                      steps=args.steps, timeout=args.tunix_timeout)
-    if tunix.get("status") == "ok":
-        tunix["peak_rss_gb_children"] = round(
-            resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20, 3)
+    tunix = child.close()
+    ratio = None
+    if tunix["status"] == "ok" and all(tunix_steps):
+        times = [t["step_s"] for t in tunix_steps]
+        tunix.update(steps=len(times), step_s=round(statistics.median(times), 4),
+                     step_s_spread={k: round(v, 4) for k, v in spread(times).items()},
+                     tokens_per_s=round(batch * args.seq_len / statistics.median(times), 1),
+                     loss_finite=all(t["loss_finite"] for t in tunix_steps),
+                     peak_rss_gb_children=round(resource.getrusage(
+                         resource.RUSAGE_CHILDREN).ru_maxrss / 2**20, 3))
+        # paired per round: tunix's step time over ours = our tokens/s over tunix's
+        ratio = {k: round(v, 3) for k, v in spread(
+            [t / e for t, e in zip(times, entr.pop("_step_times"))]).items()}
+    entr.pop("_step_times", None)
     print(json.dumps({
         "device": f"cpu x{jax.device_count()} ({os.cpu_count()} cores visible)",
         "f32_matmul_peak_flops_per_s": peak,
         "f32_matmul_peak_n": args.peak_n,
         "entr_jax": entr,
         "google_tunix": tunix,
+        "entr_jax_over_tunix_tokens_per_s": ratio,
     }, indent=1))
 
 
