@@ -111,8 +111,11 @@ def token_sums(logp: jax.Array, entropy: jax.Array, batch: Any, version: jax.Arr
 
 
 def _ess_fraction(w_sum: jax.Array, w_sq_sum: jax.Array, n: jax.Array) -> jax.Array:
-    """``(sum w)^2 / (n sum w^2)``; 1 when there is nothing to weigh."""
-    return jnp.where(n > 0, w_sum * w_sum / jnp.maximum(n * w_sq_sum, 1e-30), 1.0)
+    """``(sum w)^2 / (n sum w^2)``; 1 when there is nothing to weigh. At most 1 exactly
+    (Cauchy-Schwarz); float32 sums can round it an ulp above (e.g. three weights 1.1), so
+    it is clipped at 1."""
+    frac = w_sum * w_sum / jnp.maximum(n * w_sq_sum, 1e-30)
+    return jnp.where(n > 0, jnp.minimum(frac, 1.0), 1.0)
 
 
 def finalize(sums: dict, maxes: dict) -> dict[str, jax.Array]:

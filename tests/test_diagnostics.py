@@ -220,3 +220,18 @@ def test_a_metric_without_a_rule_is_refused():
     got = reduce_over_steps({"foo/bar": jnp.array([1.0, 3.0]), "w": jnp.array([3.0, 1.0])}, 1,
                             rules={"foo/bar": "w", "w": COUNT})
     assert float(got["foo/bar"]) == 1.5 and float(got["w"]) == 4.0
+
+
+def test_ess_fractions_never_exceed_one_when_float32_rounds_above():
+    """ESS/N = (sum w)^2 / (N sum w^2) <= 1 exactly; in float32 three weights of 1.1 give
+    1.0000001 unclipped (seen as ess/token_fraction on an AMD machine's reduction order)."""
+    from learners.diagnostics import _ess_fraction
+
+    w = jnp.full((3,), 1.1, jnp.float32)
+    raw = jnp.sum(w) ** 2 / (3.0 * jnp.sum(w * w))
+    assert float(raw) > 1.0  # the rounding this guards against is real here
+    assert float(_ess_fraction(jnp.sum(w), jnp.sum(w * w), jnp.float32(3))) == 1.0
+    v = jnp.asarray([0.5, 1.0, 2.0], jnp.float32)  # a real spread: (3.5)^2 / (3 * 5.25)
+    got = _ess_fraction(jnp.sum(v), jnp.sum(v * v), jnp.float32(3))
+    np.testing.assert_allclose(float(got), 12.25 / 15.75, rtol=1e-6)
+    assert float(_ess_fraction(jnp.float32(0), jnp.float32(0), jnp.float32(0))) == 1.0
