@@ -240,13 +240,14 @@ class TunixChild:
         self.proc = subprocess.Popen([python, "-c", _TUNIX_SCRIPT, json.dumps(spec)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=env)
-        self.info = self._read()
-        self.status = "ok" if self.info is not None else "failed"
+        ready = self._read()  # compile + first step done; None: it failed (info says why)
+        if ready is not None:
+            self.info, self.status = ready, "ok"
 
     def _read(self) -> dict | None:
         line = self.proc.stdout.readline()
-        if not line:
-            self.info = {"stderr_tail": self.proc.stderr.read()[-1500:]}
+        if not line:  # the child exited: keep what it said, stop asking it for steps
+            self.info = dict(self.info, stderr_tail=self.proc.stderr.read()[-1500:])
             self.status = "failed"
             return None
         return json.loads(line)
