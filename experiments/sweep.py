@@ -124,7 +124,7 @@ def apply_set(spec: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any]:
     Raises:
       ValueError: a key one of the spec's grids varies (the grid value would win).
     """
-    varied = sorted(k for grid in spec["grid"] for k in grid if k in sets)
+    varied = sorted({k for grid in spec["grid"] for k in grid if k in sets})
     if varied:
         raise ValueError(f"--set {', '.join(varied)}: varied by the spec's grid; edit the grid")
     return {**spec, "fixed": {**spec["fixed"], **sets}}
@@ -402,13 +402,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = apply_set(load_spec(args.spec), parse_set(args.set))
         select(expand(spec, args.out), args.only)
+        if "comparison" in spec:  # also resolves every run: an unknown field is named here
+            comparison.verify(spec, expand(spec, args.out))
     except ValueError as err:
         print(f"sweep: error: {err}", file=sys.stderr)
         return 2
-    if "comparison" in spec:
-        comparison.verify(spec, expand(spec, args.out))
-        if args.cmd == "run":
-            comparison.write_spec(spec, args.out)
+    if "comparison" in spec and args.cmd == "run":
+        comparison.write_spec(spec, args.out)
     if args.cmd == "emit":
         print("\n".join(emit(spec, args.out, args.only)))
         return 0

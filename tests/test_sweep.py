@@ -219,3 +219,15 @@ def test_the_stored_stress_slice_is_stress_methods_narrowed_by_its_args(tmp_path
         theirs = sweep._identity(json.loads((run.run_dir / "config.json").read_text()))
         mine.pop("checkpoint.keep"), theirs.pop("checkpoint.keep")
         assert mine == theirs, run.name
+
+
+def test_a_bad_set_on_a_comparison_spec_is_one_error_line(capsys):
+    spec = str(ROOT / "experiments/sweeps/stress_methods.toml")
+    assert sweep.main(["emit", spec, "--out", "/tmp/unused", "--set", "bogus.field=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sweep: error: override 'bogus.field': RunConfig has no field")
+    assert "Traceback" not in err
+    regime = str(ROOT / "experiments/sweeps/stress_regime.toml")
+    assert sweep.main(["emit", regime, "--out", "/tmp/unused",
+                       "--set", "staleness.inter_lag=3"]) == 2
+    assert "--set staleness.inter_lag: varied" in capsys.readouterr().err
