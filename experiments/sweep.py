@@ -46,9 +46,11 @@ lag fields), every seed::
 ``--set KEY=VALUE`` (repeatable) replaces or adds one ``[fixed]`` entry for this invocation
 (VALUE read as a TOML value, else as a string: ``--set model.path=runs/x/sft_model``),
 e.g. a smaller copy of a spec; it is recorded in the comparison's ``sweep_spec.json``. A key
-that a grid varies is refused (the grid would win). ``--reuse DIR`` (repeatable): a pending
-run whose resolved config equals that of a finished run under DIR (every field but
-`REUSE_IGNORED`, which label a run and change none of its values) is not run again: the
+that a grid varies or a comparison method sets is refused (that value would win).
+``run --reuse DIR`` (repeatable; a DIR that is not a directory is an error): a pending run
+whose resolved config equals that of a finished run under DIR (every field but
+`REUSE_IGNORED` = ``name``, ``run_dir``, ``logging.*``, which label a run and change none
+of its values) is not run again: the
 finished run's files are copied in (checkpoints and the parameter ring left behind) with a
 ``reused_from.json`` naming the source, e.g. the GRPO arms of a method comparison from the
 regime search that ran the same configs.
@@ -122,11 +124,16 @@ def apply_set(spec: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any]:
     """The spec with ``sets`` merged into its ``[fixed]`` table (a new dict; `parse_set`).
 
     Raises:
-      ValueError: a key one of the spec's grids varies (the grid value would win).
+      ValueError: a key one of the spec's grids varies, or a ``[comparison]`` method sets
+        (that value would win).
     """
     varied = sorted({k for grid in spec["grid"] for k in grid if k in sets})
     if varied:
         raise ValueError(f"--set {', '.join(varied)}: varied by the spec's grid; edit the grid")
+    per_method = sorted({k for _, o in comparison.method_points(spec) for k in o if k in sets})
+    if per_method:
+        raise ValueError(f"--set {', '.join(per_method)}: set per method by the spec's "
+                         "[comparison] table; edit the table")
     return {**spec, "fixed": {**spec["fixed"], **sets}}
 
 
@@ -404,7 +411,10 @@ def main(argv: list[str] | None = None) -> int:
         select(expand(spec, args.out), args.only)
         if "comparison" in spec:  # also resolves every run: an unknown field is named here
             comparison.verify(spec, expand(spec, args.out))
-    except ValueError as err:
+        missing = [d for d in getattr(args, "reuse", []) if not pathlib.Path(d).is_dir()]
+        if missing:
+            raise ValueError(f"--reuse {', '.join(missing)}: not a directory")
+    except (ValueError, TypeError) as err:  # TypeError: a field given a value of the wrong type
         print(f"sweep: error: {err}", file=sys.stderr)
         return 2
     if "comparison" in spec and args.cmd == "run":
