@@ -414,7 +414,9 @@ def main(argv: list[str] | None = None) -> int:
         missing = [d for d in getattr(args, "reuse", []) if not pathlib.Path(d).is_dir()]
         if missing:
             raise ValueError(f"--reuse {', '.join(missing)}: not a directory")
-    except (ValueError, TypeError) as err:  # TypeError: a field given a value of the wrong type
+    except (ValueError, TypeError) as err:
+        if isinstance(err, TypeError):  # raised by a field's validation on a wrong-typed value
+            err = f"a [fixed] or --set value has the wrong type for its field ({err})"
         print(f"sweep: error: {err}", file=sys.stderr)
         return 2
     if "comparison" in spec and args.cmd == "run":

@@ -234,6 +234,7 @@ def test_a_bad_set_on_a_comparison_spec_is_one_error_line(capsys):
     assert sweep.main(["emit", spec, "--out", "/tmp/unused", "--set", "objective.name=grpo"]) == 2
     assert "objective.name: set per method by the spec's [comparison]" in capsys.readouterr().err
     assert sweep.main(["emit", spec, "--out", "/tmp/unused", "--set", "rl_steps=abc"]) == 2
-    assert capsys.readouterr().err.startswith("sweep: error: ")
+    assert capsys.readouterr().err.startswith("sweep: error: a [fixed] or --set value has "
+                                              "the wrong type")
     assert sweep.main(["run", spec, "--out", "/tmp/unused", "--reuse", "/no/such/dir"]) == 2
     assert "--reuse /no/such/dir: not a directory" in capsys.readouterr().err
