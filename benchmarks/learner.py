@@ -306,6 +306,7 @@ def main(argv=None) -> None:
     tunix_steps: list[dict] = []
     entr = run_entr(SMALL, batch=batch, length=args.seq_len, steps=args.steps, dtype="f32",
                     peak_fn=peak_fn, after_step=lambda: tunix_steps.append(child.step()))
+    entr_times = entr.pop("_step_times")
     entr["peak_rss_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
     peak = entr["f32_matmul_peak_flops_per_s"]["median"]
     tunix = child.close()
@@ -320,8 +321,7 @@ def main(argv=None) -> None:
                          resource.RUSAGE_CHILDREN).ru_maxrss / 2**20, 3))
         # paired per round: tunix's step time over ours = our tokens/s over tunix's
         ratio = {k: round(v, 3) for k, v in spread(
-            [t / e for t, e in zip(times, entr.pop("_step_times"))]).items()}
-    entr.pop("_step_times", None)
+            [t / e for t, e in zip(times, entr_times)]).items()}
     print(json.dumps({
         "device": f"cpu x{jax.device_count()} ({os.cpu_count()} cores visible)",
         "f32_matmul_peak_flops_per_s": peak,
