@@ -49,7 +49,8 @@ from entr_jax.objectives import OBJECTIVES
 
 MISSING = "n/a"  # a base field the method's objective config does not have
 _ALIASES = {"estr": "entr"}
-_NOT_COMPARED = ("name", "run_dir", "seed")  # labels and the seed axis
+# labels, the seed axis, and where the runs share their initial evaluation (no value)
+_NOT_COMPARED = ("name", "run_dir", "seed", "shared_eval_dir")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,7 +199,8 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def effective_fields(config: Any) -> dict[str, Any]:
     """Dotted fields of a run config (a `RunConfig` or its ``config.json`` dict) as the
     comparison sees them: the selected objective's section as ``objective.<field>``, the
-    other objective sections dropped, ``name``/``run_dir``/``seed`` dropped."""
+    other objective sections dropped, ``name``/``run_dir``/``seed``/``shared_eval_dir``
+    dropped."""
     d = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
     d = json.loads(json.dumps(d, default=str))  # tuples -> lists, as in config.json
     name = d["objective"]["name"]

@@ -373,6 +373,11 @@ class RunConfig:
     Attributes:
       name: run name (also the default run directory ``runs/<name>``).
       run_dir: where everything is written; empty = ``runs/<name>``.
+      shared_eval_dir: a directory shared by runs (a sweep's ``<out>/shared_eval``) where
+        the evaluation of the starting weights is stored once per key and read by every
+        later run with that key instead of evaluating again (`experiments.shared_eval`:
+        the key holds every field the evaluation reads and the warm start's bytes);
+        empty = every run evaluates its own. Changes no value a run writes.
       seed: master seed (data order, sampling, initialisation of the tiny model).
       rl_steps: rollout batches RL trains on (each gives ``learner.minibatches *
         learner.epochs`` optimizer updates and one new policy version).
@@ -384,6 +389,7 @@ class RunConfig:
 
     name: str = "run"
     run_dir: str = ""
+    shared_eval_dir: str = ""
     seed: int = 0
     rl_steps: int = 100
     token_samples_every: int = 10

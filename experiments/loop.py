@@ -1,6 +1,7 @@
 """The RL job: policy + sampler + task + staleness queue + learner, wired together.
 
-Phases of a fresh run: evaluation of the initial policy (``eval/init.json``), the optional
+Phases of a fresh run: evaluation of the initial policy (``eval/init.json``; read instead
+from ``shared_eval_dir`` when another run stored the same one, `experiments.shared_eval`), the optional
 supervised warm start (``sft.jsonl``), evaluation before RL (``eval/before_rl.json``),
 ``rl_steps`` learner steps (each consumes one rollout batch: ``learner.minibatches x
 learner.epochs`` optimizer updates and one new policy version, ``docs/learner.md``),
@@ -56,7 +57,7 @@ from entr_jax.model import Decoder, from_pretrained, save_pretrained
 from entr_jax.staleness import DelayLine, ParamRing, full_lag_steps
 from entr_jax.tasks.rollout import run_episodes
 from entr_jax.tokenizer import Tokenizer
-from experiments import preflight, reference, resume as resume_policy
+from experiments import preflight, reference, resume as resume_policy, shared_eval
 from experiments import multiprocess as mp
 from experiments import rollouts as ro
 from experiments import state_io
@@ -200,6 +201,13 @@ class Job:
         self.run.write_json(f"eval/{phase}.json", out)
         self._log_eval(out)
         return out
+
+    def _replay_eval(self, out: dict[str, Any]) -> None:
+        """``eval/<phase>.json`` and its TensorBoard scalars from an evaluation already
+        computed (the initial one as the one before RL, or one `experiments.shared_eval`
+        stored)."""
+        self.run.write_json(f"eval/{out['phase']}.json", out)
+        self._log_eval(out)
 
     def _log_eval(self, out: dict[str, Any]) -> None:
         """TensorBoard ``eval/<phase>/<benchmark>/{avg_at_k, pass_at_k, greedy}`` at the RL
@@ -536,7 +544,9 @@ class Job:
                 if self.run.writer:
                     (self.run / name).unlink(missing_ok=True)
             book = {"start_step": 0, "elapsed_s": 0.0, "evals": {}}
-            book["evals"]["init"] = self.evaluate("init", self.published(), 0)
+            book["evals"]["init"] = shared_eval.initial_evaluation(
+                json.loads(cfg.to_json()), lambda: self.evaluate("init", self.published(), 0),
+                self._replay_eval, lambda src: self.run.write_json("eval/init_source.json", src))
             if cfg.sft.steps > 0:
                 self.learner.load_params(
                     self.warm_start(self.module_fn, self.learner.hand_over_params()))
@@ -546,8 +556,7 @@ class Job:
                     "before_rl", self.published(), 0)
             else:  # same weights: the initial evaluation is the one before RL
                 book["evals"]["before_rl"] = dict(book["evals"]["init"], phase="before_rl")
-                self.run.write_json("eval/before_rl.json", book["evals"]["before_rl"])
-                self._log_eval(book["evals"]["before_rl"])
+                self._replay_eval(book["evals"]["before_rl"])
             self.ring.push(0, self.published())
             self.logger.log_hparams(json.loads(cfg.to_json()))
         reference.attach(self.learner, self.run.path, fresh=fresh, write=self.run.writer)

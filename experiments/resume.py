@@ -32,6 +32,7 @@ __all__ = ["RESULT_NEUTRAL_FIELDS", "RESULT_NEUTRAL_SECTIONS", "Change", "Resume
 RESULT_NEUTRAL_FIELDS: frozenset[str] = frozenset({
     "name",                   # a label (the default run directory)
     "run_dir",                # where the files are
+    "shared_eval_dir",        # where the initial evaluation is shared from (same values)
     "checkpoint.every",       # when state is saved: a resumed run is bitwise the same
     "checkpoint.keep",        # how many checkpoints are kept
     "token_samples_every",    # diagnostics for the notebooks, read-only on the learner

@@ -15,7 +15,8 @@
       checkpoints/       orbax checkpoints (learner state + JSON side items)
       ring/              parameter-ring snapshots that go with checkpoints (intra switches)
       token_samples/     step_<n>.npz: per-token (log_ratio, entropy_mu, kept) samples
-      eval/              <phase>.json evaluation results (init, before_rl, after_rl)
+      eval/              <phase>.json evaluation results (init, before_rl, after_rl);
+                         init_source.json with shared_eval_dir (experiments.shared_eval)
       sft.jsonl          supervised warm-start loss per step (when sft.steps > 0)
       sft_model/         the warm-started policy in the Hugging Face layout (sft.save_model)
       exports/           weight exports pushed to an SGLang fleet (sampler.kind=sglang)

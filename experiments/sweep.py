@@ -55,6 +55,12 @@ finished run's files are copied in (checkpoints and the parameter ring left behi
 ``reused_from.json`` naming the source, e.g. the GRPO arms of a method comparison from the
 regime search that ran the same configs.
 
+Every run gets ``--shared_eval_dir OUT/shared_eval`` (unless ``[fixed]`` or ``--set`` gives
+``shared_eval_dir``; ``--set shared_eval_dir=''`` turns it off): runs that start from the
+same weights with the same evaluation settings and seed evaluate the start once between
+them (`experiments.shared_eval`; a method comparison from one warm start: once per seed
+instead of once per run), and write the same files as if each had evaluated it.
+
 A method comparison adds a ``[comparison]`` table (one shared objective base, each
 method's own parameters and declared differences; `experiments.comparison`): its methods
 multiply the grid points, ``run``/``emit`` refuse a spec whose resolved runs differ in an
@@ -79,6 +85,9 @@ from typing import Any
 from experiments import comparison
 
 
+SHARED_EVAL = "shared_eval"  # <out>/shared_eval: the runs' shared initial evaluation
+
+
 @dataclasses.dataclass(frozen=True)
 class SweepRun:
     """One point of a sweep: its name, directory and CLI overrides."""
@@ -89,6 +98,8 @@ class SweepRun:
 
     def command(self, preset: str, resume: bool = False) -> list[str]:
         args = [sys.executable, "-m", "experiments.run", preset, "--run_dir", str(self.run_dir)]
+        if "shared_eval_dir" not in self.overrides:  # [fixed] or --set may say otherwise
+            args += ["--shared_eval_dir", str(self.run_dir.parent / SHARED_EVAL)]
         for key, value in self.overrides.items():
             if isinstance(value, bool):  # tyro's boolean flags: --a.b / --a.no_b
                 head, _, leaf = key.rpartition(".")
@@ -223,7 +234,8 @@ def has_checkpoint(run: SweepRun) -> bool:
     return ckpt.is_dir() and any(p.name.isdigit() for p in ckpt.iterdir())
 
 
-REUSE_IGNORED = ("name", "run_dir", "logging")  # labels and where a run logs to
+# labels, where a run logs to, and where its initial evaluation may be shared from
+REUSE_IGNORED = ("name", "run_dir", "logging", "shared_eval_dir")
 
 
 def _identity(config: dict[str, Any]) -> dict[str, Any]:

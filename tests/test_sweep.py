@@ -50,6 +50,23 @@ def test_emit_writes_one_runnable_command_per_run(spec, tmp_path):
     i = argv.index("--staleness.intra_switches")
     assert argv[i + 1] == "3"
     assert "--resume" not in argv
+    i = argv.index("--shared_eval_dir")  # the runs evaluate their common start once
+    assert argv[i + 1] == str(tmp_path / "out" / sweep.SHARED_EVAL)
+
+
+def test_shared_evaluation_reaches_the_config_and_can_be_turned_off(tmp_path):
+    from experiments.run import parse
+
+    spec = sweep.load_spec(ROOT / "experiments/sweeps/stress_methods.toml")
+    runs = sweep.expand(spec, tmp_path / "out")
+    cfg, _ = parse(runs[0].command(spec["preset"])[3:])
+    assert cfg.shared_eval_dir == str(tmp_path / "out" / "shared_eval")
+    off = sweep.expand(sweep.apply_set(spec, sweep.parse_set(["shared_eval_dir=''"])),
+                       tmp_path / "out")
+    argv = off[0].command(spec["preset"])
+    assert argv.count("--shared_eval_dir") == 1
+    cfg, _ = parse(argv[3:])
+    assert cfg.shared_eval_dir == ""
 
 
 def test_finished_runs_are_skipped_and_summarized(spec, tmp_path, monkeypatch):
