@@ -158,18 +158,21 @@ def decode_chunk(graphdef, params, state: DecodeState, lens, row_ids, args: Samp
     return jax.lax.while_loop(cond, body, state)
 
 
-def recompute_cache(graphdef, params, state: DecodeState, prompts, lens) -> DecodeState:
-    """Rebuilds the whole KV cache under ``params`` from the prompt and the response tokens
-    so far (after an in-flight weight swap), so later tokens are exactly those weights'
-    conditionals. Slots past a row's current length get harmless values that are never
+def recompute_cache(graphdef, params, state: DecodeState, prompts, lens, *,
+                    length: int | None = None) -> DecodeState:
+    """Rebuilds the KV cache under ``params`` from the prompt and the response tokens so far
+    (after an in-flight weight swap), so later tokens are exactly those weights'
+    conditionals. ``length`` (static; None = all ``M`` slots): the first ``length`` slots
+    are recomputed, the rest zeroed; it must cover every row's prompt and response so far
+    (``P + step``). Slots past a row's current length get harmless values that are never
     attended before being overwritten."""
     model = nnx.merge(graphdef, params)
     b, p = prompts.shape
-    m = state.cache.max_len
+    m = state.cache.max_len if length is None else length
     n = state.tokens.shape[1]
     seq = jnp.zeros((b, m), jnp.int32).at[:, :p].set(prompts)
     cols = jnp.arange(n, dtype=jnp.int32)[None, :]
-    target = jnp.where(cols < state.step, lens[:, None] + cols, m)  # m: dropped
+    target = jnp.where(cols < state.step, lens[:, None] + cols, m)  # >= m: dropped
     rows = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], (b, n))
     seq = seq.at[rows, target].set(state.tokens, mode="drop")
     positions = jnp.broadcast_to(jnp.arange(m, dtype=jnp.int32)[None, :], (b, m))

@@ -35,7 +35,8 @@ Design (see also `samplers.jax_decode` and `samplers.jax_sampling`):
   `update_weights` from another thread while `generate` runs takes effect at the next chunk
   boundary (async mode). After a swap the KV cache is recomputed under the new weights
   when ``recompute_kv_on_swap`` (default), so each token is exactly its version's
-  conditional; otherwise the stale cache is kept, as inference engines do in-flight, and
+  conditional (only the slots written so far, rounded up to a multiple of 32: a swap at
+  response token s costs a prefill of P + s tokens, not of all M); otherwise the stale cache is kept, as inference engines do in-flight, and
   ``logp_mu`` is that of the mixed computation that actually sampled the token.
 * **Multi-turn.** A prompt is any token sequence (earlier turns + environment tokens), so
   continuing a conversation is `generate` on the extended context (no prefix-cache reuse).
@@ -60,6 +61,12 @@ from entr_jax.types import Generation
 from samplers import jax_decode
 
 __all__ = ["JaxSampler", "JaxSamplerConfig"]
+
+
+# KV-cache recomputation after a swap covers the written slots rounded up to a multiple of
+# this (one compiled shape per multiple): at most M / 32 shapes, most of M's cost saved
+# when swaps land early in the response.
+_RECOMPUTE_GRAIN = 32
 
 
 def _pow2_at_least(n: int, floor: int = 1) -> int:
@@ -157,7 +164,7 @@ class JaxSampler:
                                                       logit_noise_std=noise)),
             static_argnames=("filtered",), donate_argnums=(1,))
         self._recompute = jax.jit(counted("recompute_cache", jax_decode.recompute_cache),
-                                  donate_argnums=(1,))
+                                  static_argnames=("length",), donate_argnums=(1,))
         self.stats = self._zero_stats()
         self.last_stats = self._zero_stats()
 
@@ -346,8 +353,10 @@ class JaxSampler:
                 swapped = True
             if swapped:
                 self.last_stats["weight_swaps"] += 1
-                if cfg.recompute_kv_on_swap:
-                    state = self._recompute(weights, state, tokens, lens)
+                if cfg.recompute_kv_on_swap:  # only the slots written so far
+                    length = min(state.cache.max_len, -(-(p_bucket + step) // _RECOMPUTE_GRAIN)
+                                 * _RECOMPUTE_GRAIN)
+                    state = self._recompute(weights, state, tokens, lens, length=length)
             end = min(step + cfg.steps_per_call, params.max_new_tokens)
             if pending:
                 end = min(end, pending[0][0])

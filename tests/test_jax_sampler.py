@@ -256,6 +256,33 @@ def test_inflight_weight_schedule(sampler, models):
     assert sampler.version == 0  # the schedule does not install weights
 
 
+def test_swap_recomputes_only_the_written_cache_slots_with_the_same_result(sampler, models,
+                                                                          monkeypatch):
+    """After a swap the KV cache is rebuilt over the slots written so far (rounded up to
+    `_RECOMPUTE_GRAIN`), not all M: at grain 4 the swap at step 2 rebuilds 12 of 16 slots,
+    and every token, log-prob and entropy is the full rebuild's (the same tokens; log-probs
+    within TOL: other matmul shapes round differently, 1.1e-6 here) and its version's
+    learner conditional."""
+    from samplers import jax_sampler as js
+
+    m0, m1, m2 = models
+    schedule = [(2, nnx.state(m1), 1), (5, m2, 2)]
+    params = SamplingParams(max_new_tokens=8, seed=2)
+    full = flat(sampler.generate(PROMPTS, params, num_samples=2, weight_schedule=schedule))
+    monkeypatch.setattr(js, "_RECOMPUTE_GRAIN", 4)
+    seen = []
+    original = sampler._recompute
+    monkeypatch.setattr(sampler, "_recompute",
+                        lambda *a, length: seen.append(length) or original(*a, length=length))
+    part = flat(sampler.generate(PROMPTS, params, num_samples=2, weight_schedule=schedule))
+    assert seen == [12, 16]  # prompt bucket 8 + step 2 -> 12; 8 + 5 -> 16 = M
+    for a, b in zip(full, part):
+        np.testing.assert_array_equal(a.response_ids, b.response_ids)
+        np.testing.assert_allclose(a.logp_mu, b.logp_mu, atol=TOL, rtol=0)
+        np.testing.assert_allclose(a.entropy_mu, b.entropy_mu, atol=TOL, rtol=0)
+    check_versions(part, {0: m0, 1: m1, 2: m2}, np.array([0, 0, 1, 1, 1, 2, 2, 2], np.int32))
+
+
 def test_update_weights_from_another_thread_while_paused(sampler, models):
     """Async path: the weights are snapshotted, the sampler is held by `pause`, another
     version is installed, and from the next boundary on tokens carry the new version."""
