@@ -19,7 +19,8 @@ def _run(root, name, mode, seed, after, lr=3e-4, noise=0.5, gnorm=(0.1, 0.4), in
            "optim": {"learning_rate": lr}, "sampler": {"logit_noise_std": noise},
            "staleness": {"mode": mode, "inter_lag": 4, "intra_switches": intra,
                          "ring_size": intra + 1},
-           "run_dir": str(d), "checkpoint": {"every": seed}}  # bookkeeping: not the setting
+           "run_dir": str(d), "checkpoint": {"every": seed},  # bookkeeping: not the setting
+           "shared_eval_dir": str(d / "shared")}  # nor where the start's evaluation is shared
     if learner is not None:
         cfg["learner"] = learner
     (d / "config.json").write_text(json.dumps(cfg))

@@ -70,7 +70,7 @@ VALUES = ("eval_after", "final_reward", "eval_gain")
 # cannot change what a run trains on (where it writes, logs and checkpoints; the side
 # scoring of token_samples_every): left out of a run's setting.
 _NOT_SETTING = ("staleness.", "objective.", "logging.", "checkpoint.")
-_NOT_SETTING_KEYS = frozenset({"seed", "run_dir", "name", "token_samples_every"})
+_NOT_SETTING_KEYS = frozenset({"seed", "run_dir", "name", "token_samples_every", "shared_eval_dir"})
 _SHOWN = ("optim.learning_rate", "sampler.logit_noise_std", "rl_steps")
 
 
