@@ -24,8 +24,13 @@ def _values(summary):
 
 def test_a_run_reading_the_shared_evaluation_writes_what_computing_it_writes(
         small_model_dir, tmp_path):
+    """In the stress regime's shape (inter lag 2 with in-flight switches, so the first
+    batches are sampled by the weights the evaluation installed): a run that read the
+    evaluation once sampled from the learner's donated buffers and failed at step 1."""
     store = tmp_path / "store"
-    cfgs = {name: small_config(small_model_dir, tmp_path / name, rl_steps=2,
+    stale = StalenessConfig(mode="simulated", inter_lag=2, intra_switches=2, switch_window=3,
+                            ring_size=3)
+    cfgs = {name: small_config(small_model_dir, tmp_path / name, rl_steps=4, staleness=stale,
                                shared_eval_dir=str(store) if name != "alone" else "")
             for name in ("first", "second", "alone")}
     summaries = {name: run(cfg)[1] for name, cfg in cfgs.items()}
