@@ -202,14 +202,6 @@ class Job:
         self._log_eval(out)
         return out
 
-    def _replay_start(self, out: dict[str, Any]) -> None:
-        """A stored evaluation of the starting weights (`experiments.shared_eval`), replayed
-        as evaluating them leaves the run: the sampler serves a copy of those weights as
-        version 0 (it must not keep the learner's own buffers, which the first update
-        donates), then `_replay_eval`."""
-        self.sampler.update_weights(self.published(), 0)
-        self._replay_eval(out)
-
     def _replay_eval(self, out: dict[str, Any]) -> None:
         """``eval/<phase>.json`` and its TensorBoard scalars from an evaluation already
         computed (the initial one as the one before RL, or one `experiments.shared_eval`
@@ -341,8 +333,11 @@ class Job:
                 export_dir=export_dir, export_fn=export)
             return SGLangFleet(fleet)
         rows = cfg.task.prompts_per_step * cfg.task.samples_per_prompt // self.share.count
+        # a copy of the starting weights: the learner's own buffers are donated by its
+        # first update, and the sampler serves version 0 until it is given another
+        graphdef, _ = nnx.split(mp.local_model(self.learner.state))
         return JaxSampler(
-            mp.local_model(self.learner.state), version=0,
+            nnx.merge(graphdef, self.published()), version=0,
             config=JaxSamplerConfig(max_batch_size=min(cfg.sampler.max_batch_size, rows),
                                     min_prompt_bucket=cfg.sampler.min_prompt_bucket,
                                     dtype=cfg.model.sampler_dtype,
@@ -554,7 +549,7 @@ class Job:
             book = {"start_step": 0, "elapsed_s": 0.0, "evals": {}}
             book["evals"]["init"] = shared_eval.initial_evaluation(
                 json.loads(cfg.to_json()), lambda: self.evaluate("init", self.published(), 0),
-                self._replay_start, lambda src: self.run.write_json("eval/init_source.json", src))
+                self._replay_eval, lambda src: self.run.write_json("eval/init_source.json", src))
             if cfg.sft.steps > 0:
                 self.learner.load_params(
                     self.warm_start(self.module_fn, self.learner.hand_over_params()))

@@ -25,8 +25,9 @@ def _values(summary):
 def test_a_run_reading_the_shared_evaluation_writes_what_computing_it_writes(
         small_model_dir, tmp_path):
     """In the stress regime's shape (inter lag 2 with in-flight switches, so the first
-    batches are sampled by the weights the evaluation installed): a run that read the
-    evaluation once sampled from the learner's donated buffers and failed at step 1."""
+    batches are sampled by version 0 after the first update): a run that read the
+    evaluation once sampled from the learner's donated buffers and failed at step 1 (the
+    sampler was built on them and only evaluating installed a copy)."""
     store = tmp_path / "store"
     stale = StalenessConfig(mode="simulated", inter_lag=2, intra_switches=2, switch_window=3,
                             ring_size=3)
