@@ -1,8 +1,8 @@
 """The RL job: policy + sampler + task + staleness queue + learner, wired together.
 
 Phases of a fresh run: evaluation of the initial policy (``eval/init.json``; read instead
-from ``shared_eval_dir`` when another run stored the same one, `experiments.shared_eval`), the optional
-supervised warm start (``sft.jsonl``), evaluation before RL (``eval/before_rl.json``),
+from ``shared_eval_dir`` when another run stored the same one, `experiments.shared_eval`),
+the optional supervised warm start (``sft.jsonl``), evaluation before RL (``eval/before_rl.json``),
 ``rl_steps`` learner steps (each consumes one rollout batch: ``learner.minibatches x
 learner.epochs`` optimizer updates and one new policy version, ``docs/learner.md``),
 evaluation after RL (``eval/after_rl.json``) and ``summary.json``. Files are described in

@@ -11,13 +11,13 @@ key reads it instead of evaluating, and writes the same ``eval/init.json``, plus
 The key is conservative: the SHA-256 of every config field except those of `NOT_READ`
 (fields the initial evaluation never reads: labels, where a run writes, and what only RL
 steps read), with ``model.path`` replaced by the bytes of every file under it (weights,
-tokenizer, configs), and the package version. So a changed warm start, evaluation set, sampler, sampling filter, seed, model,
-learner placement or tokenizer gives a new key; only the objective, the optimizer, the
-advantage estimator, the staleness, the run length and the logging share one.
-`tests/test_shared_eval.py` checks that a run which reads the stored evaluation writes
-the same ``eval/init.json``, ``metrics.jsonl`` and summary values (wall times aside) as one
-that computes it, and that sync and simulated-stale runs compute identical initial
-evaluations, which is what lets `NOT_READ` hold ``staleness``.
+tokenizer, configs), and the package version. So a changed warm start, evaluation set,
+sampler, sampling filter, seed, model, learner placement or tokenizer gives a new key;
+only the objective, the optimizer, the advantage estimator, the staleness, the run length
+and the logging share one. `tests/test_shared_eval.py` checks that a run which reads the
+stored evaluation writes the same ``eval/*.json``, ``metrics.jsonl`` and summary values
+(wall times aside) as one that computes it, and that sync, simulated-stale and async runs
+compute identical initial evaluations, which is what lets `NOT_READ` hold ``staleness``.
 
 Concurrent runs with one key wait on a file lock (`filelock`) while the first computes.
 With several processes, process 0 decides (lock, lookup) and its decision and result are

@@ -36,8 +36,9 @@ Design (see also `samplers.jax_decode` and `samplers.jax_sampling`):
   boundary (async mode). After a swap the KV cache is recomputed under the new weights
   when ``recompute_kv_on_swap`` (default), so each token is exactly its version's
   conditional (only the slots written so far, rounded up to a multiple of 32: a swap at
-  response token s costs a prefill of P + s tokens, not of all M); otherwise the stale cache is kept, as inference engines do in-flight, and
-  ``logp_mu`` is that of the mixed computation that actually sampled the token.
+  response token s costs a prefill of P + s tokens, not of all M); otherwise the stale
+  cache is kept, as inference engines do in-flight, and ``logp_mu`` is that of the mixed
+  computation that actually sampled the token.
 * **Multi-turn.** A prompt is any token sequence (earlier turns + environment tokens), so
   continuing a conversation is `generate` on the extended context (no prefix-cache reuse).
 """
