@@ -49,8 +49,11 @@ from entr_jax.objectives import OBJECTIVES
 
 MISSING = "n/a"  # a base field the method's objective config does not have
 _ALIASES = {"estr": "entr"}
-# labels, the seed axis, and where the runs share their initial evaluation (no value)
-_NOT_COMPARED = ("name", "run_dir", "seed", "shared_eval_dir")
+# Top-level RunConfig fields that label a run or say where it writes or shares from: they
+# change none of its values (the comparison, the sweep's --reuse, the regime pairing and
+# the shared evaluation's key all leave them out).
+LABEL_FIELDS = ("name", "run_dir", "shared_eval_dir")
+_NOT_COMPARED = LABEL_FIELDS + ("seed",)  # and the seed axis
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,8 +41,9 @@ from experiments import comparison
 from experiments import multiprocess as mp
 
 # Top-level RunConfig fields the evaluation of the starting weights does not read.
-NOT_READ = ("name", "run_dir", "shared_eval_dir", "rl_steps", "token_samples_every",
-            "advantages", "objective", "optim", "staleness", "checkpoint", "logging")
+NOT_READ = comparison.LABEL_FIELDS + ("rl_steps", "token_samples_every", "advantages",
+                                      "objective", "optim", "staleness", "checkpoint",
+                                      "logging")
 
 
 def _weights_digest(model_path: str) -> str:

@@ -49,8 +49,8 @@ e.g. a smaller copy of a spec; it is recorded in the comparison's ``sweep_spec.j
 that a grid varies or a comparison method sets is refused (that value would win).
 ``run --reuse DIR`` (repeatable; a DIR that is not a directory is an error): a pending run
 whose resolved config equals that of a finished run under DIR (every field but
-`REUSE_IGNORED` = ``name``, ``run_dir``, ``logging.*``, which label a run and change none
-of its values) is not run again: the
+`REUSE_IGNORED` = ``name``, ``run_dir``, ``shared_eval_dir``, ``logging.*``, which label a
+run and change none of its values) is not run again: the
 finished run's files are copied in (checkpoints and the parameter ring left behind) with a
 ``reused_from.json`` naming the source, e.g. the GRPO arms of a method comparison from the
 regime search that ran the same configs.
@@ -234,8 +234,7 @@ def has_checkpoint(run: SweepRun) -> bool:
     return ckpt.is_dir() and any(p.name.isdigit() for p in ckpt.iterdir())
 
 
-# labels, where a run logs to, and where its initial evaluation may be shared from
-REUSE_IGNORED = ("name", "run_dir", "logging", "shared_eval_dir")
+REUSE_IGNORED = comparison.LABEL_FIELDS + ("logging",)  # labels, locations, where it logs
 
 
 def _identity(config: dict[str, Any]) -> dict[str, Any]:

@@ -61,7 +61,7 @@ import numpy as np
 from entr_jax import staleness
 from experiments.analysis.runs import Run, final_reward, measured_staleness, print_table
 from experiments.analysis.stats import excludes_zero, mean_ci
-from experiments.comparison import flatten
+from experiments.comparison import LABEL_FIELDS, flatten
 
 VALUES = ("eval_after", "final_reward", "eval_gain")
 
@@ -70,7 +70,7 @@ VALUES = ("eval_after", "final_reward", "eval_gain")
 # cannot change what a run trains on (where it writes, logs and checkpoints; the side
 # scoring of token_samples_every): left out of a run's setting.
 _NOT_SETTING = ("staleness.", "objective.", "logging.", "checkpoint.")
-_NOT_SETTING_KEYS = frozenset({"seed", "run_dir", "name", "token_samples_every", "shared_eval_dir"})
+_NOT_SETTING_KEYS = frozenset(LABEL_FIELDS + ("seed", "token_samples_every"))
 _SHOWN = ("optim.learning_rate", "sampler.logit_noise_std", "rl_steps")
 
 
