@@ -14,6 +14,7 @@ from flax import nnx, struct
 
 from entr_jax.model.config import ModelConfig
 from entr_jax.model.layers import _INIT, Block, RMSNorm, _part
+from entr_jax.model.matmul import matmul
 
 
 @struct.dataclass
@@ -127,8 +128,7 @@ class Decoder(nnx.Module):
     def lm_logits(self, hidden: jax.Array) -> jax.Array:
         """Unembeds ``hidden [..., D]`` to logits ``[..., V]`` float32 (matmul accumulates in f32)."""
         w = self.embed_tokens.embedding[...] if self.lm_head is None else self.lm_head[...]
-        return jnp.einsum("...d,vd->...v", hidden.astype(self.dtype), w.astype(self.dtype),
-                          preferred_element_type=jnp.float32)
+        return matmul(hidden.astype(self.dtype), w.astype(self.dtype), 1, None, jnp.float32)
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None):
         """Logits ``[B, L, V]`` float32 = ``lm_logits(hidden_states(input_ids, attention_mask))``."""

@@ -23,6 +23,7 @@ from flax import nnx
 
 from entr_jax.model.attention import attend_cache, causal_attend
 from entr_jax.model.config import ModelConfig
+from entr_jax.model.matmul import dense_dot_general
 
 _INIT = nnx.initializers.normal(stddev=0.02)
 
@@ -88,6 +89,7 @@ def _linear(din, dout, axes, bias, rngs, dtype, param_dtype):
         din, dout, use_bias=bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
         kernel_init=_part(_INIT, axes),
         bias_init=_part(nnx.initializers.zeros_init(), axes[1:]),
+        dot_general=dense_dot_general,  # its weight gradient contracts 2-D operands
     )
 
 
