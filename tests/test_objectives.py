@@ -322,9 +322,13 @@ def test_cispo_golden():
     loss, m, g = value_grad("cispo", [[-0.5, -2.5, -0.4]], b)
     assert abs(loss - 0.574753) < TOL
     np.testing.assert_allclose(g, [[-0.433333, -0.202177, 0.368390]], atol=TOL)
-    assert abs(m["clip/frac_high"] - 1 / 3) < TOL and m["clip/frac_low"] == 0.0
+    # token 0's weight is truncated at 1.3 (its gradient is kept: no clip/frac_* metric)
+    assert abs(m["is_weight/frac_truncated_high"] - 1 / 3) < TOL and m["is_weight/frac_truncated_low"] == 0.0
+    assert not any(k.startswith("clip/") for k in m)
     # with a lower bound .2: w1 = max(.606531, .8) = .8 -> grad tok1 = -.8/3
-    assert abs(value_grad("cispo", [[-0.5, -2.5, -0.4]], b, clip_low=0.2)[2][0, 1] - (-0.8 / 3)) < TOL
+    _, m_low, g_low = value_grad("cispo", [[-0.5, -2.5, -0.4]], b, clip_low=0.2)
+    assert abs(g_low[0, 1] - (-0.8 / 3)) < TOL
+    assert abs(m_low["is_weight/frac_truncated_low"] - 1 / 3) < TOL
 
 
 def test_m2po_golden():

@@ -127,6 +127,65 @@ def test_gate_rejects_nonfinite_loss_token_with_exact_zero_grad(name, bad, data)
     assert float(g[2, 0]) == 0.0
 
 
+# Settings whose bands are wide enough to keep a log-ratio of +-20, the value a +-inf
+# log-prob becomes after the clip of every log-ratio: a gate that checked finiteness
+# after the clip (or not at all) kept such a token, with weight e^20 (decoupled PPO at its
+# defaults). (name, config, the inputs to poison)
+WIDE_GATES = [
+    pytest.param("entr", {"tau": 50.0}, ("logp_mu", "logp_pi"), id="entr"),
+    pytest.param("icepop", {"alpha": 1e-9, "beta": 1e9, "aggregation": "token_mean"},
+                 ("logp_mu", "logp_pi"), id="icepop"),
+    pytest.param("icepop", {"alpha": 1e-9, "beta": 1e9, "aggregation": "token_mean",
+                            "ratio_mode": "decoupled"}, ("logp_mu", "logp_prox"), id="icepop_decoupled"),
+    pytest.param("kpop", {"phi": 1e9}, ("logp_mu", "logp_pi"), id="kpop"),
+    pytest.param("m2po", {"tau": 200.0}, ("logp_mu", "logp_pi"), id="m2po"),
+    pytest.param("decoupled_ppo", {}, ("logp_mu", "logp_prox"), id="decoupled_ppo"),
+]
+
+
+@pytest.mark.parametrize("name,cfg,fields", WIDE_GATES)
+@pytest.mark.parametrize("bad", [jnp.nan, -jnp.inf, jnp.inf])
+def test_wide_gate_rejects_nonfinite_input_before_the_clip(name, cfg, fields, bad, data):
+    # One loss token gets a non-finite input. It must be rejected at any setting: the
+    # loss, the gradient and the kept count equal those of the batch without that token
+    # (its row and the token-mean denominator N unchanged), and it is counted as rejected.
+    lp, b = data
+    mask = np.asarray(b.loss_mask)
+    i = int(np.argmax(mask.sum(1) >= 2))  # a row with another loss token
+    t = int(np.flatnonzero(mask[i])[-1])
+    n = jnp.sum(b.loss_mask, dtype=jnp.float32)
+    # entropy 10 at the token: ENTR's band there is |delta| <= 22.4 at tau 50, wider than 20
+    b = b.replace(num_loss_tokens=n, logp_ref=None, entropy_mu=b.entropy_mu.at[i, t].set(10.0))
+    ref = b.replace(loss_mask=b.loss_mask.at[i, t].set(False))
+    (loss_ref, m_ref), g_ref = vg(name, **cfg)(lp, ref)
+    for field in fields:
+        if field == "logp_pi":
+            lp_bad, b_bad = lp.at[i, t].set(bad), b
+        else:
+            lp_bad, b_bad = lp, b.replace(**{field: getattr(b, field).at[i, t].set(bad)})
+        (loss, m), g = vg(name, **cfg)(lp_bad, b_bad)
+        assert float(g[i, t]) == 0.0, field
+        np.testing.assert_allclose(float(loss), float(loss_ref), rtol=1e-6, err_msg=field)
+        np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), atol=1e-7, err_msg=field)
+        assert float(m["tokens/kept"]) == float(m_ref["tokens/kept"]), field
+        rejected = float(m["mask/fraction"]) * float(n)
+        rejected_ref = float(m_ref["mask/fraction"]) * (float(n) - 1.0)
+        assert abs(rejected - (rejected_ref + 1.0)) < 1e-4, field
+
+
+def test_public_gates_reject_nonfinite_inputs_at_any_band():
+    # raw log-ratios +inf, -inf, NaN and a finite 19 (kept by these wide bands)
+    raw = jnp.array([[jnp.inf, -jnp.inf, jnp.nan, 19.0]])
+    h = jnp.full(raw.shape, 10.0)
+    np.testing.assert_array_equal(np.asarray(obj.entr_mask(raw, h, 50.0, 0.01)), [[False, False, False, True]])
+    np.testing.assert_array_equal(np.asarray(obj.icepop_mask(raw, 1e-9, 1e9)), [[False, False, False, True]])
+    everything = jnp.ones(raw.shape, bool)
+    np.testing.assert_array_equal(np.asarray(obj.m2po_mask(raw, everything, 400.0)), [[False, False, False, True]])
+    lt = jnp.array([[-0.5, -0.5, -0.5, -jnp.inf, -0.5]])
+    li = jnp.array([[-jnp.inf, jnp.nan, -30.0, -0.5, -0.5]])
+    np.testing.assert_array_equal(np.asarray(obj.kpop_mask(lt, li, 1e9)), [[False, False, True, False, True]])
+
+
 def test_entr_rejects_nan_entropy_with_exact_zero_grad(data):
     lp, b = data
     (loss, _), g = vg("entr")(lp, b.replace(entropy_mu=b.entropy_mu.at[1, 0].set(jnp.nan)))

@@ -80,7 +80,9 @@ def _decoupled_weight(inp: c.Inputs, cfg: DecoupledPpoConfig) -> tuple[jax.Array
     if inp.logp_prox is None:
         raise ValueError("decoupled_ppo needs batch.logp_prox (proximal-policy log-probs), but it is None")
     w = c.ratio(inp.logp_prox, inp.logp_mu)
-    keep = inp.loss_mask & jnp.isfinite(w)
+    # checked on the raw log-ratio: after the ±20 clip w is finite even for a log-prob of
+    # -inf, which would give the token a weight of e^20
+    keep = inp.loss_mask & jnp.isfinite(inp.logp_prox - inp.logp_mu)
     if cfg.weight_cap is not None:
         if cfg.weight_cap_mode == "mask":
             keep = keep & (w <= cfg.weight_cap)

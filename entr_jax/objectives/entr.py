@@ -116,10 +116,12 @@ def _entropy(inp: c.Inputs, cfg: EntrConfig) -> jax.Array:
 
 
 def _keep(inp: c.Inputs, cfg: EntrConfig) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """``(keep, delta, entropy)``: the ENTR gate on the loss tokens."""
+    """``(keep, delta, entropy)``: the ENTR gate on the loss tokens (decided on the raw
+    log-ratio, so a non-finite log-prob is rejected) and the clipped ``delta``."""
     entropy = _entropy(inp, cfg)
-    delta = c.log_ratio(c.sg(inp.logp_pi), inp.logp_mu)
-    return inp.loss_mask & entr_mask(delta, entropy, cfg.tau, cfg.eps), delta, entropy
+    raw = c.sg(inp.logp_pi) - inp.logp_mu
+    keep = inp.loss_mask & entr_mask(raw, entropy, cfg.tau, cfg.eps)
+    return keep, c.log_ratio(c.sg(inp.logp_pi), inp.logp_mu), entropy
 
 
 def entr_batch_stats(logp_pi: jax.Array, batch: Any, cfg: EntrConfig) -> dict[str, jax.Array]:

@@ -1,6 +1,9 @@
 """Token/sequence gates as public pure functions (boolean keep-masks, ``[B, T]``).
 
-Every gate stops gradient on its inputs and returns False (reject) for non-finite inputs.
+Every gate stops gradient on its inputs and returns False (reject) for non-finite inputs,
+checked on the values it is given *before* the ±20 clip of a log-ratio: a log-prob of
+``-inf`` (or NaN) is rejected, not read as a log-ratio of ±20 that a wide band would keep.
+Callers therefore pass raw log-ratios (``sg(logp_a) - logp_b``), never clipped ones.
 The batch-level gates (`m2po_mask`, `sat_quantile`) use global ``jnp`` reductions over
 the whole ``[B, T]`` array they are given: under ``jit`` with a batch-sharded input GSPMD
 makes them global. The learner gives them the whole optimizer batch (also under gradient
@@ -59,18 +62,22 @@ def entr_mask(log_ratio: Array, entropy: Array, tau: float, eps: float) -> Array
       tau: keep threshold (> 0). eps: entropy floor (>= 0).
 
     Returns:
-      ``[B, T] bool``, false on non-finite inputs.
+      ``[B, T] bool``, false where ``log_ratio`` or ``entropy`` is not finite (``log_ratio``
+      checked before its ±20 clip).
     """
-    d = jnp.clip(sg(log_ratio), -LOG_RATIO_CLIP, LOG_RATIO_CLIP)
+    raw = sg(log_ratio)
+    d = jnp.clip(raw, -LOG_RATIO_CLIP, LOG_RATIO_CLIP)
     h = sg(entropy)
-    return (d * d <= tau * (jnp.maximum(h, 0.0) + eps)) & jnp.isfinite(h)
+    return (d * d <= tau * (jnp.maximum(h, 0.0) + eps)) & jnp.isfinite(h) & jnp.isfinite(raw)
 
 
 def icepop_mask(log_ratio: Array, alpha: float, beta: float) -> Array:
     """IcePop / MIS keep-mask ``1[alpha <= k <= beta]``, ``k = exp(log_ratio)`` (Ring-1T,
-    arXiv 2510.18855; algorithms.md 4.6). Returns ``[B, T] bool``, false on NaN."""
-    k = jnp.exp(jnp.clip(sg(log_ratio), -LOG_RATIO_CLIP, LOG_RATIO_CLIP))
-    return (k >= alpha) & (k <= beta)
+    arXiv 2510.18855; algorithms.md 4.6). Returns ``[B, T] bool``, false where
+    ``log_ratio`` is not finite (checked before its ±20 clip)."""
+    raw = sg(log_ratio)
+    k = jnp.exp(jnp.clip(raw, -LOG_RATIO_CLIP, LOG_RATIO_CLIP))
+    return (k >= alpha) & (k <= beta) & jnp.isfinite(raw)
 
 
 def _log1mexp(x: Array) -> Array:
@@ -97,16 +104,19 @@ def binary_kl(logp: Array, logq: Array) -> Array:
 def kpop_mask(logp_train: Array, logp_infer: Array, phi: float) -> Array:
     """KPop keep-mask ``1[max(D(p||q), D(q||p)) <= phi]`` with ``p = exp(logp_train)``,
     ``q = exp(logp_infer)`` the sampled-token probabilities (algorithms.md 4.7, AReaL
-    ``rejection_sampling.upper``). Returns ``[B, T] bool``, false on NaN."""
+    ``rejection_sampling.upper``). Returns ``[B, T] bool``, false where either log-prob is
+    not finite (checked before `binary_kl` clamps them to ``[-1e4, 0]``)."""
     fwd = binary_kl(logp_train, logp_infer)
     rev = binary_kl(logp_infer, logp_train)
-    return (fwd <= phi) & (rev <= phi)
+    finite = jnp.isfinite(sg(logp_train)) & jnp.isfinite(sg(logp_infer))
+    return (fwd <= phi) & (rev <= phi) & finite
 
 
 def m2po_mask(log_ratio: Array, loss_mask: Array, tau: float) -> Array:
     """M2PO second-moment keep-mask (arXiv 2510.01161; algorithms.md 4.10).
 
-    Over the valid tokens (``loss_mask`` and finite log-ratio) of the whole batch, sort
+    Over the valid tokens (``loss_mask`` and a finite log-ratio, checked before its ±20
+    clip; the others are rejected) of the whole batch, sort
     ``(log r)**2`` descending and reject the smallest prefix such that the mean of the
     remaining tokens is ``<= tau``. Ties are broken by flat index (stable sort). If no
     prefix suffices every valid token is rejected. Batch scope: the whole ``[B, T]`` array
@@ -114,8 +124,9 @@ def m2po_mask(log_ratio: Array, loss_mask: Array, tau: float) -> Array:
 
     Returns ``[B, T] bool`` (subset of ``loss_mask``).
     """
-    lr = jnp.clip(sg(log_ratio), -LOG_RATIO_CLIP, LOG_RATIO_CLIP)
-    valid = loss_mask & jnp.isfinite(lr)
+    raw = sg(log_ratio)
+    lr = jnp.clip(raw, -LOG_RATIO_CLIP, LOG_RATIO_CLIP)
+    valid = loss_mask & jnp.isfinite(raw)
     sq = _replicated(jnp.where(valid, lr * lr, -1.0)).reshape(-1)  # invalid tokens sort last
     order = jnp.argsort(-sq, stable=True)
     sq_sorted = sq[order]

@@ -97,7 +97,7 @@ class IcePopConfig(_MaskedIsConfig):
 
 
 def _icepop_gate(cfg: IcePopConfig):
-    return lambda lt, lmu: icepop_mask(c.log_ratio(lt, lmu), cfg.alpha, cfg.beta)
+    return lambda lt, lmu: icepop_mask(lt - lmu, cfg.alpha, cfg.beta)  # raw: the gate clips
 
 
 def icepop(logp_pi: jax.Array, batch: Any, cfg: IcePopConfig) -> tuple[jax.Array, c.Metrics]:

@@ -67,6 +67,8 @@ METRIC_POOLING: dict[str, str] = {
     "mask/fraction": LOSS_TOKENS,
     "clip/frac_low": LOSS_TOKENS,
     "clip/frac_high": LOSS_TOKENS,
+    "is_weight/frac_truncated_low": LOSS_TOKENS,
+    "is_weight/frac_truncated_high": LOSS_TOKENS,
     "m2po/m2_all": LOSS_TOKENS,
     "sat/quantile": LOSS_TOKENS,  # not exact: see the module docstring
     # means over other tokens

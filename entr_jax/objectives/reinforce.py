@@ -44,8 +44,14 @@ class CispoConfig(ObjectiveConfig):
 
 
 def cispo(logp_pi: jax.Array, batch: Any, cfg: CispoConfig) -> tuple[jax.Array, c.Metrics]:
-    """CISPO loss. Returns ``(loss, metrics)``; ``clip/frac_low|high`` count tokens whose
-    weight was clipped."""
+    """CISPO loss. Returns ``(loss, metrics)``.
+
+    Metrics add ``is_weight/frac_truncated_low|high``: the fraction of loss tokens whose
+    weight the lower / upper bound truncates. There is no ``clip/frac_*``: that metric
+    counts tokens whose gradient a clip removes (``docs/algorithms.md`` section 1), and
+    CISPO's bounds remove none (the truncated weight is detached; every token keeps the
+    gradient of ``log pi``).
+    """
     inp = c.read_inputs(logp_pi, batch)
     keep = inp.loss_mask
     r = c.ratio(c.sg(inp.logp_pi), inp.logp_mu)
@@ -53,7 +59,9 @@ def cispo(logp_pi: jax.Array, batch: Any, cfg: CispoConfig) -> tuple[jax.Array, 
     w = jnp.clip(r, lower, 1.0 + cfg.clip_high)
     loss_tok = -w * inp.advantages * inp.logp_pi
     loss = c.agg(inp, loss_tok, keep, cfg)
-    metrics = {**c.pg_metrics(inp, loss, cfg), **c.base_metrics(inp, keep, r < lower, r > 1.0 + cfg.clip_high)}
+    metrics = {**c.pg_metrics(inp, loss, cfg), **c.base_metrics(inp, keep),
+               "is_weight/frac_truncated_low": c.fraction(r < lower, keep),
+               "is_weight/frac_truncated_high": c.fraction(r > 1.0 + cfg.clip_high, keep)}
     return loss, c.f32_metrics(metrics)
 
 
@@ -80,7 +88,7 @@ def m2po_batch_stats(logp_pi: jax.Array, batch: Any, cfg: M2poConfig) -> dict[st
     """M2PO's optimizer-batch statistics: ``keep`` (``[B, T] bool``, the mask of
     `gates.m2po_mask` over every loss token of the batch) and ``num_kept_tokens``."""
     inp = c.read_inputs(logp_pi, batch)
-    keep = _m2po_keep(inp, c.log_ratio(c.sg(inp.logp_pi), inp.logp_mu), cfg)
+    keep = _m2po_keep(inp, c.sg(inp.logp_pi) - inp.logp_mu, cfg)  # raw: the gate clips
     return {"keep": keep, "num_kept_tokens": jnp.sum(keep, dtype=jnp.float32)}
 
 
@@ -92,7 +100,7 @@ def m2po(logp_pi: jax.Array, batch: Any, cfg: M2poConfig) -> tuple[jax.Array, c.
     this microbatch), else `gates.m2po_mask` over this batch."""
     inp = c.read_inputs(logp_pi, batch)
     lr = c.log_ratio(c.sg(inp.logp_pi), inp.logp_mu)
-    keep = inp.loss_mask & c.stat(inp, "keep", lambda: _m2po_keep(inp, lr, cfg))
+    keep = inp.loss_mask & c.stat(inp, "keep", lambda: _m2po_keep(inp, c.sg(inp.logp_pi) - inp.logp_mu, cfg))
     lp, lmu, adv = c.gate(keep, inp.logp_pi, inp.logp_mu, inp.advantages)
     loss_tok = -c.ratio(lp, lmu) * adv
     num_kept = c.kept_count(inp, keep)

@@ -15,7 +15,8 @@ accuracy), ``final reward`` (mean training reward of the last 10 RL steps' rollo
   acceptance rule; ``docs/algorithms.md``) averaged over a run's steps, then over seeds.
   0 for a method without a gate (GRPO, CISPO); a clip is not a mask.
 * ``clip`` is ``clip/frac_low + clip/frac_high`` averaged the same way (loss tokens whose
-  gradient the clip removes); blank for a method without a clip band (M2PO).
+  gradient the clip removes); blank for a method without a clip band (M2PO) and for CISPO
+  (its bounds truncate a detached weight and remove no gradient).
 * all runs must share one setting (every resolved config field but the objective, the
   staleness section, the seed and bookkeeping): runs given another learning rate, lag
   or mismatch are refused, naming the fields, rather than paired.
