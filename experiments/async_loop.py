@@ -71,7 +71,7 @@ class Producer(threading.Thread):
                     params = job._sampling(b, offset=job.prompt_offset)
                     estimated = ro.entropy_estimated_count(job.sampler)
                     trajs = job._episodes(job.sampler, examples, params,
-                                          job.cfg.task.samples_per_prompt, job.group_offset(b))
+                                          job.cfg.task.samples_per_prompt, job.group_ids(b))
                     versions = [int(v) for t in trajs for v in t.token_version[t.loss_mask]]
                     self.out.put(ro.RolloutBatch(
                         b, max(versions, default=0), trajs, time.perf_counter() - start,

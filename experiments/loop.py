@@ -162,9 +162,9 @@ class Job:
         kw.update(overrides)
         return SamplingParams(**kw)
 
-    def _episodes(self, sampler, examples, params, num_samples, group_offset=0):
+    def _episodes(self, sampler, examples, params, num_samples, group_ids=None):
         return run_episodes(sampler, self.tokenizer, self.task.env_factory, examples, params,
-                            num_samples, self.task.rollout, group_offset)
+                            num_samples, self.task.rollout, group_ids)
 
     # ------------------------------------------------------------------ phases
     def evaluate(self, phase: str, weights: Any, version: int) -> dict[str, Any]:
@@ -287,8 +287,10 @@ class Job:
     def setup(self) -> None:
         cfg = self.cfg
         self.share = mp.Share.current()
-        self.prompt_offset = self.share.bounds(cfg.task.prompts_per_step,
-                                               "task.prompts_per_step")[0]
+        self.prompt_indices = self.share.chunk_indices(
+            cfg.task.prompts_per_step, cfg.learner.minibatches, "task.prompts_per_step",
+            "learner.minibatches")
+        self.prompt_offset = self.prompt_indices[0]
         if cfg.sft.steps > 0:
             self.share.bounds(cfg.sft.batch_size, "sft.batch_size")
         if not hasattr(self, "task"):
@@ -351,17 +353,19 @@ class Job:
         batch = ro.generate_batch(
             self.sampler, self._episodes, batch_id, self.local_prompts(), versions, steps,
             self.ring, self._sampling(batch_id, offset=self.prompt_offset),
-            self.cfg.task.samples_per_prompt, self.group_offset(batch_id))
+            self.cfg.task.samples_per_prompt, self.group_ids(batch_id))
         self.clock.count("rl_episodes", len(batch.trajectories))
         return batch
 
     def local_prompts(self) -> list[dict]:
-        """This process's share of the next global prompt batch."""
-        return self.share.take(next(self.data), "task.prompts_per_step")
+        """This process's share of the next global prompt batch (`Share.chunk_indices`)."""
+        batch = next(self.data)
+        return [batch[i] for i in self.prompt_indices]
 
-    def group_offset(self, batch_id: int) -> int:
-        """Global group id of this process's first prompt of batch ``batch_id``."""
-        return batch_id * self.cfg.task.prompts_per_step + self.prompt_offset
+    def group_ids(self, batch_id: int) -> list[int]:
+        """Global group ids of this process's prompts of batch ``batch_id``: each prompt's
+        index in the global stream."""
+        return [batch_id * self.cfg.task.prompts_per_step + i for i in self.prompt_indices]
 
     def published(self) -> Any:
         """The learner's current weights as this process's copy (`mp.process_local`)."""

@@ -6,16 +6,22 @@ any process count ``N``:
 * **The rollout batch is global.** ``task.prompts_per_step`` ``P`` is the number of
   prompts of one learner step over all processes. Every process reads the same prompt
   stream (same seed, same `entr_jax.data.PromptBatchIterator` position) and keeps its
-  contiguous share, prompts ``[k P / N, (k + 1) P / N)`` of each batch (`Share.take`;
-  ``P`` must be divisible by ``N``). The union of the shares is the one-process batch, in
-  the same order, so a run's prompts do not depend on ``N``. The optimizer batch is the
-  union of the processes' rows (`learners.distributed.shard_batch`).
-* **Sampling streams.** The share starting at global prompt ``o`` is sampled with
-  ``experiments.rollouts.sampling_seed(seed, batch_id, stream, offset=o)``: deterministic,
-  different for every share, and for ``o = 0`` the one-process seed. The samplers key each
-  row by its index within a call, so a prompt whose share starts at ``o > 0`` gets other
-  (equally distributed) samples than in a one-process run: the prompts of a step are
-  independent of ``N``, the sampled responses of shares other than the first are not.
+  share of each batch (`Share.chunk_indices`): with ``K = learner.minibatches`` PPO
+  mini-batches the batch is ``K`` consecutive chunks of ``P / K`` prompts, one per
+  mini-batch, and process ``k`` keeps the contiguous ``k``-th ``1/N`` of every chunk
+  (``P`` must be divisible by ``N K``; with ``K = 1``, prompts ``[k P / N, (k + 1) P /
+  N)``). The learner splits a process's rows into ``K`` consecutive chunks
+  (`learners.batching.make_batch`) and mini-batch ``j`` is the union of the processes'
+  ``j``-th chunks (`learners.distributed.shard_batch`), so mini-batch ``j`` holds exactly
+  the prompts of a one-process run's mini-batch ``j`` (docs/learner.md), at any ``N``.
+  The union of the shares is the one-process batch, so a run's prompts do not depend on
+  ``N``; each prompt keeps its global index as its group id (`Job.group_ids`).
+* **Sampling streams.** The share whose first prompt has global index ``o`` is sampled
+  with ``experiments.rollouts.sampling_seed(seed, batch_id, stream, offset=o)``:
+  deterministic, different for every share, and for ``o = 0`` the one-process seed. The
+  samplers key each row by its index within a call, so the sampled responses depend on
+  ``N`` (with ``K = 1`` those of the first share are the one-process run's); the prompts
+  of a step, and of each of its mini-batches, do not.
 * **Advantages** are computed from the rewards of all processes (`allgather_json`), so
   batch-level estimators see the whole batch; group estimators are unaffected, since a
   group (a prompt's ``G`` samples) never straddles processes.
@@ -86,6 +92,28 @@ class Share:
         """This process's equal share of ``items`` (`bounds`)."""
         start, stop = self.bounds(len(items), field)
         return list(items[start:stop])
+
+    def chunk_indices(self, n: int, chunks: int, field: str, chunks_field: str) -> list[int]:
+        """Indices of this process's items of a batch of ``n`` split into ``chunks``
+        consecutive equal chunks: the contiguous ``index``-th ``1/count`` of every chunk, in
+        order. Every process's ``j``-th ``n / (chunks count)`` items are then its share of
+        chunk ``j``, and the union over processes of their ``j``-th parts is chunk ``j``.
+        One process: ``range(n)`` for any ``n``.
+
+        Raises:
+          ValueError: with several processes, ``n`` not divisible by ``chunks * count``
+            (naming ``field`` and ``chunks_field``).
+        """
+        if self.count == 1:
+            return list(range(n))
+        if n % (chunks * self.count):
+            raise ValueError(
+                f"{field} = {n} must be divisible by the number of processes ({self.count}) "
+                f"times {chunks_field} ({chunks}): each process takes an equal share of every "
+                "mini-batch, so that mini-batch j holds the same prompts at any process count")
+        size = n // chunks
+        start, stop = self.bounds(size, field)
+        return [j * size + i for j in range(chunks) for i in range(start, stop)]
 
     def split(self, n: int) -> tuple[int, int]:
         """``[start, stop)`` of a near-equal contiguous share of ``n`` items (any ``n``;

@@ -251,20 +251,20 @@ def rollout_metrics(batch: RolloutBatch, version: int) -> dict[str, Any]:
 def generate_batch(sampler: Sampler, run_episodes_fn, batch_id: int, examples: list[dict],
                    versions: list[int], switch_steps: tuple[int, ...], ring: st.ParamRing,
                    params: SamplingParams, num_samples: int,
-                   group_offset: int | None = None) -> RolloutBatch:
+                   group_ids: Sequence[int] | None = None) -> RolloutBatch:
     """Generate one rollout batch: weights of ``versions[0]`` first, then one switch to
     the next version at each of ``switch_steps``; ``run_episodes_fn(sampler, examples,
-    params, num_samples, group_offset)`` runs the episodes. ``group_offset`` (group id of
-    ``examples[0]``) defaults to ``batch_id * len(examples)``."""
+    params, num_samples, group_ids)`` runs the episodes. ``group_ids`` (the group id of
+    each example) defaults to ``batch_id * len(examples) + p`` for example ``p``."""
     start = time.perf_counter()
     if getattr(sampler, "version", None) != versions[0]:  # skip a no-op (costly on a fleet)
         sampler.update_weights(ring.get(versions[0]), versions[0])
     schedule = [(s, ring.get(v), v) for s, v in zip(switch_steps, versions[1:])]
-    if group_offset is None:
-        group_offset = batch_id * len(examples)
+    if group_ids is None:
+        group_ids = [batch_id * len(examples) + p for p in range(len(examples))]
     estimated = entropy_estimated_count(sampler)
     trajs = run_episodes_fn(ScheduledSampler(sampler, schedule), examples, params,
-                            num_samples, group_offset)
+                            num_samples, group_ids)
     return RolloutBatch(batch_id, versions[-1], trajs, time.perf_counter() - start,
                         first_version=versions[0],
                         entropy_estimated_tokens=entropy_estimated_count(sampler) - estimated)

@@ -293,6 +293,54 @@ def test_share_bounds_and_split():
     assert mp.Share(1, 2).take(list("abcd"), "x") == ["c", "d"]
 
 
+def _minibatch_prompts(indices, group_size, minibatches):
+    """The prompts (global indices) of each mini-batch that `make_batch` builds from the
+    episodes of the prompts ``indices`` (``group_size`` samples each), padding left out."""
+    from entr_jax.types import Trajectory
+    from learners.batching import make_batch
+
+    def episode(i):
+        return Trajectory(prompt_ids=np.asarray([1000 + i], np.int32),
+                          response_ids=np.asarray([1, 2], np.int32),
+                          logp_mu=np.zeros(2, np.float32), entropy_mu=np.zeros(2, np.float32),
+                          token_version=np.zeros(2, np.int32), loss_mask=np.ones(2, bool),
+                          group_id=i)
+
+    trajs = [episode(i) for i in indices for _ in range(group_size)]
+    batch, _ = make_batch(trajs, np.zeros(len(trajs)), pad_id=0, num_minibatches=minibatches,
+                          num_microbatches=2)
+    first = np.asarray(batch.tokens)[..., 0].reshape(minibatches, -1)
+    return [[int(x) - 1000 for x in row if x >= 1000] for row in first]
+
+
+@pytest.mark.parametrize("procs,minibatches,prompts", [(2, 2, 4), (2, 4, 8), (4, 2, 16), (3, 2, 12)])
+def test_each_minibatch_holds_the_same_prompts_at_any_process_count(procs, minibatches, prompts):
+    # One process: mini-batch j is the j-th of K consecutive chunks of the rollout batch.
+    # N processes: each builds its K mini-batches from its own rows and global mini-batch j
+    # is the union of the processes' j-th ones (learners.distributed.shard_batch), which
+    # must be the same prompts, in the same order. (With contiguous shares, 2 processes
+    # and K = 2 gave {0, 1, 4, 5} and {2, 3, 6, 7} for 8 prompts, not {0..3} and {4..7}.)
+    group = 2
+    one = _minibatch_prompts(mp.Share(0, 1).chunk_indices(prompts, minibatches, "p", "k"), group,
+                             minibatches)
+    assert one == [[i for i in range(j * prompts // minibatches, (j + 1) * prompts // minibatches)
+                    for _ in range(group)] for j in range(minibatches)]
+    parts = [_minibatch_prompts(mp.Share(k, procs).chunk_indices(prompts, minibatches, "p", "k"),
+                                group, minibatches) for k in range(procs)]
+    assert [sum((part[j] for part in parts), []) for j in range(minibatches)] == one
+    shares = [mp.Share(k, procs).chunk_indices(prompts, minibatches, "p", "k") for k in range(procs)]
+    assert sorted(sum(shares, [])) == list(range(prompts))
+
+
+def test_chunk_indices_refuse_a_batch_the_processes_cannot_share_per_minibatch():
+    assert mp.Share(1, 2).chunk_indices(8, 2, "task.prompts_per_step", "learner.minibatches") == [
+        2, 3, 6, 7]
+    assert mp.Share(0, 1).chunk_indices(5, 3, "p", "k") == [0, 1, 2, 3, 4]  # one process: any
+    with pytest.raises(ValueError, match=r"task.prompts_per_step = 6 must be divisible by the "
+                       r"number of processes \(2\) times learner.minibatches \(2\)"):
+        mp.Share(0, 2).chunk_indices(6, 2, "task.prompts_per_step", "learner.minibatches")
+
+
 def test_one_process_helpers_are_identities():
     assert mp.allgather_json({"a": [1.5]}) == [{"a": [1.5]}]
     assert mp.per_process({"x": 1}) == {"x": 1}

@@ -157,11 +157,11 @@ class _ScheduleSampler:
         return out
 
 
-def _episodes(sampler, examples, params, num_samples, group_offset):
+def _episodes(sampler, examples, params, num_samples, group_ids):
     from entr_jax.types import Trajectory
 
     gens = sampler.generate([e["prompt"] for e in examples], params, num_samples)
-    return [Trajectory.from_generation(g, group_id=group_offset + i)
+    return [Trajectory.from_generation(g, group_id=group_ids[i])
             for i, row in enumerate(gens) for g in row]
 
 

@@ -106,7 +106,7 @@ def run_episodes(
     params: SamplingParams,
     num_samples: int = 1,
     config: RolloutConfig = RolloutConfig(),
-    group_offset: int = 0,
+    group_ids: Sequence[int] | None = None,
 ) -> list[Trajectory]:
     """Runs ``len(examples) * num_samples`` episodes and returns their trajectories.
 
@@ -120,7 +120,8 @@ def run_episodes(
         empty ``stop_token_ids`` are filled with ``tokenizer.eos_token_ids``.
       num_samples: G samples per example.
       config: episode bounds.
-      group_offset: ``group_id`` of example p is ``group_offset + p``.
+      group_ids: ``group_id`` of example p's samples is ``group_ids[p]`` (P ints; default
+        ``p``).
 
     Returns:
       Trajectories in example-major order (example 0's G samples first), each with
@@ -132,6 +133,11 @@ def run_episodes(
         raise ValueError(f"run_episodes: num_samples must be >= 1, got {num_samples}")
     if not examples:
         raise ValueError("run_episodes: examples must not be empty")
+    if group_ids is None:
+        group_ids = range(len(examples))
+    if len(group_ids) != len(examples):
+        raise ValueError(f"run_episodes: group_ids has {len(group_ids)} entries for "
+                         f"{len(examples)} examples")
     if not params.stop_token_ids and getattr(tokenizer, "eos_token_ids", None):
         params = dataclasses.replace(
             params, stop_token_ids=tuple(int(t) for t in tokenizer.eos_token_ids)
@@ -144,7 +150,7 @@ def run_episodes(
             prompt_ids = encode_prompt(tokenizer, env.reset(example))
             if g == 0:
                 first_prompts.append(prompt_ids)
-            episodes.append(_Episode(env, example, group_offset + p, prompt_ids))
+            episodes.append(_Episode(env, example, int(group_ids[p]), prompt_ids))
     for turn in range(config.max_turns):
         active = [e for e in episodes if not e.done]
         if not active:
