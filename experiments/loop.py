@@ -103,8 +103,7 @@ class Job:
         self.show_progress = show_progress
         self.clock = PhaseClock()  # wall/CPU time per phase, compilation apart
         self.startup_s: float | None = None  # set by the command line (experiments.run)
-        if not resume and ((self.run / "metrics.jsonl").exists() or self.run.has_checkpoint()
-                           or self.run.is_finished()):
+        if not resume and self.run.holds_run():
             raise RunExistsError(
                 f"{self.run.path} already holds a run: pass --resume to continue it, or "
                 "choose another --run_dir"

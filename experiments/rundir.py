@@ -109,6 +109,13 @@ class RunDir:
     def is_finished(self) -> bool:
         return (self.path / "summary.json").exists()
 
+    def holds_run(self) -> bool:
+        """A run has written here (metrics, a checkpoint or a summary): starting another
+        needs ``--resume``, which continues from the last checkpoint or, with none, starts
+        afresh (a run stopped before its first checkpoint)."""
+        return ((self.path / "metrics.jsonl").exists() or self.has_checkpoint()
+                or self.is_finished())
+
     def write_json(self, name: str, obj: Any) -> None:
         if not self.writer:
             return

@@ -22,7 +22,8 @@ is the CLI's error to report); otherwise the staleness fields its mode (from a c
 method, ``[fixed]`` or the preset) does not read are dropped from that run and its name,
 so a sync baseline in a lag grid runs once per remaining setting. ``run`` executes the runs on this machine with N
 worker processes, skipping finished runs (``summary.json`` exists) and resuming
-interrupted ones (``--resume`` when a checkpoint exists) and reporting a failed run with
+interrupted ones (``--resume``: from the last checkpoint, or afresh when one stopped
+before its first) and reporting a failed run with
 the last error line of its log (``<run_dir>/sweep.log``); ``emit`` writes one command per
 line for a cluster scheduler (e.g. a Slurm array reading line ``$SLURM_ARRAY_TASK_ID``);
 ``summarize`` prints a table across runs.
@@ -83,6 +84,7 @@ import tomllib
 from typing import Any
 
 from experiments import comparison
+from experiments.rundir import RunDir
 
 
 SHARED_EVAL = "shared_eval"  # <out>/shared_eval: the runs' shared initial evaluation
@@ -229,9 +231,11 @@ def is_finished(run: SweepRun) -> bool:
     return (run.run_dir / "summary.json").exists()
 
 
-def has_checkpoint(run: SweepRun) -> bool:
-    ckpt = run.run_dir / "checkpoints"
-    return ckpt.is_dir() and any(p.name.isdigit() for p in ckpt.iterdir())
+def has_started(run: SweepRun) -> bool:
+    """The run's directory holds an interrupted run (`RunDir.holds_run`): it is started
+    again with ``--resume``, from its last checkpoint, or afresh when it stopped before
+    the first one (without ``--resume`` the CLI refuses the directory)."""
+    return RunDir(run.run_dir).holds_run()
 
 
 REUSE_IGNORED = comparison.LABEL_FIELDS + ("logging",)  # labels, locations, where it logs
@@ -325,7 +329,7 @@ def run_local(spec: dict[str, Any], out_dir: str | pathlib.Path, workers: int = 
 
     def _one(run: SweepRun) -> dict:
         run.run_dir.mkdir(parents=True, exist_ok=True)
-        cmd = run.command(spec["preset"], resume=has_checkpoint(run))
+        cmd = run.command(spec["preset"], resume=has_started(run))
         log_path = run.run_dir / "sweep.log"
         with open(log_path, "a") as log:
             proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)

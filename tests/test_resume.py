@@ -192,13 +192,21 @@ def test_both_checkpoints_damaged_is_one_line_and_loses_nothing(finished, model_
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["2", "4"]
 
 
+@pytest.mark.parametrize("written", [
+    ("config.json",),  # killed during the first evaluation
+    ("config.json", "metrics.jsonl", "checkpoints/"),  # killed before the first checkpoint
+])
 def test_resume_without_a_checkpoint_says_it_starts_fresh(model_dir, tmp_path, capsys,
-                                                          monkeypatch):
+                                                          monkeypatch, written):
     from experiments.loop import Job
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "config.json").write_text("{}")  # killed during the first evaluation
+    for name in written:
+        if name.endswith("/"):
+            (run_dir / name).mkdir()
+        else:
+            (run_dir / name).write_text("{}")
 
     def stop(self):
         raise KeyboardInterrupt  # stop right after the decision; nothing else runs

@@ -88,6 +88,9 @@ def test_finished_runs_are_skipped_and_summarized(spec, tmp_path, monkeypatch):
 def test_interrupted_runs_resume(spec, tmp_path, monkeypatch):
     runs = sweep.expand(spec, tmp_path / "out")
     (runs[0].run_dir / "checkpoints" / "3").mkdir(parents=True)
+    # stopped before its first checkpoint: the CLI refuses the directory without --resume
+    (runs[1].run_dir / "checkpoints").mkdir(parents=True)
+    (runs[1].run_dir / "metrics.jsonl").write_text('{"step": 0}\n')
     seen = []
 
     class Done:
@@ -97,7 +100,9 @@ def test_interrupted_runs_resume(spec, tmp_path, monkeypatch):
     sweep.run_local(spec, tmp_path / "out", workers=1)
     assert len(seen) == 10
     resumed = [c for c in seen if "--resume" in c]
-    assert len(resumed) == 1 and str(runs[0].run_dir) in resumed[0]
+    assert len(resumed) == 2
+    assert sorted(c[c.index("--run_dir") + 1] for c in resumed) == sorted(
+        str(r.run_dir) for r in runs[:2])
 
 
 @pytest.mark.parametrize("text, match", [
