@@ -329,7 +329,9 @@ class LearnerSpec:
         knob: loss, gradients and metrics are the same for any value (the normalisers and
         batch-level statistics are those of the whole optimizer batch).
       minibatches: optimizer updates per pass over a rollout batch (PPO mini-batches; at
-        most the rollout batch's rows, ``task.prompts_per_step * task.samples_per_prompt``).
+        most the rollout batch's rows, ``task.prompts_per_step * task.samples_per_prompt``;
+        with N processes ``task.prompts_per_step`` must be divisible by N times it, checked
+        when the job starts: `experiments.multiprocess.Share.chunk_indices`).
       epochs: passes over each rollout batch (PPO epochs). With ``minibatches * epochs > 1``
         the proximal policy of decoupled objectives (``logp_prox``, computed once per
         rollout batch before its first update) differs from the current one.
