@@ -11,7 +11,7 @@ from experiments.analysis.regime import format_rows, main, regime_rows
 
 
 def _run(root, name, mode, seed, after, lr=3e-4, noise=0.5, gnorm=(0.1, 0.4), intra=3,
-         full_lag=None, learner=None):
+         full_lag=None, learner=None, before=0.1):
     d = root / name
     d.mkdir(parents=True)
     cfg = {"name": "grpo_async" if name.startswith("method=grpo_async_") else "stress",
@@ -29,7 +29,7 @@ def _run(root, name, mode, seed, after, lr=3e-4, noise=0.5, gnorm=(0.1, 0.4), in
              "staleness/inter_mean": float(min(i, 4)), "staleness/intra_mean": 0.5 * i}
             for i, g in enumerate(gnorm)]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    summary = {"eval_accuracy_after": after, "eval_accuracy_before": 0.1}
+    summary = {"eval_accuracy_after": after, "eval_accuracy_before": before}
     if full_lag is not None:  # recorded by runs made since the field exists
         summary["staleness_full_lag_steps"] = full_lag
     (d / "summary.json").write_text(json.dumps(summary))
@@ -37,8 +37,8 @@ def _run(root, name, mode, seed, after, lr=3e-4, noise=0.5, gnorm=(0.1, 0.4), in
 
 def test_gap_pairs_the_sync_baseline_by_setting_and_seed(tmp_path, capsys):
     for seed, (s, a) in enumerate([(0.30, 0.20), (0.25, 0.20), (0.35, 0.24)]):
-        _run(tmp_path, f"sync{seed}", "sync", seed, s)
-        _run(tmp_path, f"async{seed}", "simulated", seed, a)
+        _run(tmp_path, f"sync{seed}", "sync", seed, s, before=0.1 + seed / 10)
+        _run(tmp_path, f"async{seed}", "simulated", seed, a, before=0.1 + seed / 10)
     _run(tmp_path, "sync_other_lr", "sync", 0, 0.9, lr=1e-4)  # another setting: not paired
     rows = regime_rows(load_runs(tmp_path))
     assert len(rows) == 1
@@ -53,7 +53,9 @@ def test_gap_pairs_the_sync_baseline_by_setting_and_seed(tmp_path, capsys):
     # realised over all steps (inter 0, 1; intra 0, 0.5); no step of 2 gets inter 4 + intra
     # 3 in full (counted from the config's schedule: these summaries do not record it)
     assert (r["inter_all"], r["intra_all"], r["full_lag_steps"]) == (0.5, 0.25, 0)
-    assert "| grpo | 0.0003 | 0.5 | 2 |  | 4 | 3 |" in format_rows(rows)
+    # the warm start, as the sync runs evaluated it: 0.1, 0.2, 0.3, t half-width 4.3027 * 0.1 / sqrt 3
+    assert r["start"] == pytest.approx((0.2, 4.302653 * 0.1 / 3 ** 0.5, 3), rel=1e-5)
+    assert "| grpo | 0.0003 | 0.5 | 2 |  | 4 | 3 | 0.200 ± 0.248 (3) | 0.300 ± " in format_rows(rows)
     assert "| 0.5 | 0.2 | 0 of 2 |" in format_rows(rows)
     assert main([str(tmp_path), "--value", "eval_gain"]) == 0
     assert "-0.087 ± 0.080 (3)" in capsys.readouterr().out

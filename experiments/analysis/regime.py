@@ -16,6 +16,11 @@ value and the paired gap ``stale - sync``. ``bites`` is ``yes`` when the gap is 
 and its interval excludes 0 (the stress regime's "async worse than sync" criterion),
 ``no`` when not, and ``n/a`` below 2 paired seeds.
 
+``start`` is the sync runs' held-out accuracy before RL (the summary's
+``eval_accuracy_before``, mean and interval over the paired seeds): the warm start the
+setting was measured from, since whether a setting bites depends on it as much as on the
+setting (two warm starts of the same recipe, 0.158 and 0.605, in ``docs/stress.md``).
+
 Values (``--value``):
 * ``eval_after``: held-out accuracy after RL, the summary's ``eval_accuracy_after``
   (avg@k over the task's evaluation problems, k samples each at the run's temperature,
@@ -166,7 +171,8 @@ def regime_rows(runs: Iterable[Run], value_name: str = "eval_after") -> list[dic
     """One row per (stale method, setting, inter, intra) with a sync baseline of the same
     setting on at least one common seed: ``method, lr, noise, steps, other`` (the varying
     fields of the setting beyond those three, ``"field=value"`` joined by spaces),
-    ``inter, intra, sync, stale, gap`` (each ``(mean, half_width, n)`` over the paired
+    ``inter, intra, start, sync, stale, gap`` (``start``: the sync runs' held-out accuracy
+    before RL; each ``(mean, half_width, n)`` over the paired
     seeds), ``bites``
     (``"yes"``/``"no"``/``"n/a"``), the stale runs' mean indicators and what their lag
     realised (``inter_all``, ``intra_all``, ``full_lag_steps``; module doc). Only finished
@@ -191,6 +197,8 @@ def regime_rows(runs: Iterable[Run], value_name: str = "eval_after") -> list[dic
         d = dict(where)
         other = " ".join(f"{k}={d.get(k, '-')}" for k in varying)
         base = {r.seed: value(r, value_name) for r in sync if setting(r) == where}
+        before = {r.seed: float(r.summary.get("eval_accuracy_before", math.nan))
+                  for r in sync if setting(r) == where}
         mine = {r.seed: r for r in stale}
         seeds = sorted(set(base) & set(mine))
         if not seeds:
@@ -203,7 +211,9 @@ def regime_rows(runs: Iterable[Run], value_name: str = "eval_after") -> list[dic
         rows.append({
             "method": method, "lr": lr, "noise": noise, "steps": steps, "other": other,
             "inter": inter,
-            "intra": intra, "sync": mean_ci([base[s] for s in seeds]),
+            "intra": intra,
+            "start": mean_ci([before[s] for s in seeds]),
+            "sync": mean_ci([base[s] for s in seeds]),
             "stale": mean_ci([value(mine[s], value_name) for s in seeds]), "gap": gap,
             "bites": bites, **{k: float(np.nanmean([i[k] for i in ind])) for k in ind[0]},
             "inter_all": float(np.nanmean([x[0] for x in realised])),
@@ -222,15 +232,16 @@ def format_rows(rows: list[dict[str, Any]], value_name: str = "eval_after") -> s
     if not rows:
         return "(no stale setting with a finished sync baseline on a common seed)"
     ci = lambda t: f"{t[0]:.3f} ± {t[1]:.3f} ({t[2]})"  # noqa: E731
-    head = (f"| method | lr | noise | steps | other | inter | intra | sync {value_name} | "
+    head = (f"| method | lr | noise | steps | other | inter | intra | start | "
+            f"sync {value_name} | "
             f"stale {value_name} | gap stale-sync | bites | gnorm max | ESS min | k3 max | "
             "entropy last | inter (all) | intra (all) | full-lag steps |")
-    lines = [head, "|" + "---|" * 18]
+    lines = [head, "|" + "---|" * 19]
     for r in rows:
         lines.append(
             f"| {r['method']} | {r['lr']:g} | {r['noise']:g} | {r['steps']} | {r['other']} | "
             f"{r['inter']} | "
-            f"{r['intra']} | {ci(r['sync'])} | {ci(r['stale'])} | {ci(r['gap'])} | "
+            f"{r['intra']} | {ci(r['start'])} | {ci(r['sync'])} | {ci(r['stale'])} | {ci(r['gap'])} | "
             f"{r['bites']} | {r['gnorm_max']:.3g} | {r['ess_min']:.3f} | "
             f"{r['k3_max']:.3g} | {r['entropy_last']:.3f} | {r['inter_all']:.1f} | "
             f"{r['intra_all']:.1f} | {_of(r['full_lag_steps'], r['steps'])} |")
