@@ -35,6 +35,7 @@ Usage::
     python -m experiments.sweep summarize runs/sweep
     python -m experiments.sweep run   SPEC.toml --out runs/sweep --only REGEX  # a slice
     python -m experiments.sweep run   SPEC.toml --out runs/small --set rl_steps=10
+    python -m experiments.sweep run   SPEC.toml --out runs/sweep --seeds 3 4  # more seeds
     python -m experiments.sweep run   SPEC.toml --out runs/sweep --reuse runs/other_sweep
 
 ``--only`` keeps the runs whose directory name matches the regular expression
@@ -48,6 +49,9 @@ lag fields), every seed::
 (VALUE read as a TOML value, else as a string: ``--set model.path=runs/x/sft_model``),
 e.g. a smaller copy of a spec; it is recorded in the comparison's ``sweep_spec.json``. A key
 that a grid varies or a comparison method sets is refused (that value would win).
+``--seeds S [S ...]`` replaces the spec's ``seeds`` for this invocation: more seeds of a
+setting go into the same ``--out`` beside the finished ones (names end in ``seed=S``), so
+the analyses read them all.
 ``run --reuse DIR`` (repeatable; a DIR that is not a directory is an error): a pending run
 whose resolved config equals that of a finished run under DIR (every field but
 `REUSE_IGNORED` = ``name``, ``run_dir``, ``shared_eval_dir``, ``logging.*``, which label a
@@ -408,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="only the runs whose name matches REGEX (re.search)")
         p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                        help="replace or add a [fixed] entry (repeatable)")
+        p.add_argument("--seeds", metavar="S", type=int, nargs="+", default=None,
+                       help="run these seeds instead of the spec's 'seeds'")
         if name == "run":
             p.add_argument("--workers", type=int, default=1)
             p.add_argument("--reuse", metavar="DIR", action="append", default=[],
@@ -423,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         spec = apply_set(load_spec(args.spec), parse_set(args.set))
+        if args.seeds is not None:
+            spec["seeds"] = list(dict.fromkeys(args.seeds))
         select(expand(spec, args.out), args.only)
         if "comparison" in spec:  # also resolves every run: an unknown field is named here
             comparison.verify(spec, expand(spec, args.out))

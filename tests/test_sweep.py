@@ -179,6 +179,22 @@ def test_set_replaces_fixed_entries_with_typed_values(spec, tmp_path, capsys):
                                     == "2" for ln in lines)
 
 
+def test_seeds_replace_the_specs_seeds(tmp_path, capsys):
+    """SPEC has seeds [0, 1] and 5 points: --seeds 3 4 3 gives the same 5 points at seeds
+    3 and 4 (a repeat once), named like the spec's own so they join the same --out."""
+    spec_path = tmp_path / "spec.toml"
+    spec_path.write_text(SPEC)
+    assert sweep.main(["emit", str(spec_path), "--out", str(tmp_path), "--seeds", "3", "4",
+                       "3"]) == 0
+    lines = [shlex.split(ln) for ln in capsys.readouterr().out.splitlines()]
+    seeds = sorted(int(a[a.index("--seed") + 1]) for a in lines)
+    assert seeds == [3] * 5 + [4] * 5
+    assert all(a[a.index("--run_dir") + 1].endswith(f"seed={a[a.index('--seed') + 1]}")
+               for a in lines)
+    with pytest.raises(SystemExit):
+        sweep.main(["emit", str(spec_path), "--out", str(tmp_path), "--seeds", "x"])
+
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
