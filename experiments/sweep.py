@@ -232,7 +232,7 @@ def expand(spec: dict[str, Any], out_dir: str | pathlib.Path) -> list[SweepRun]:
 
 
 def is_finished(run: SweepRun) -> bool:
-    return (run.run_dir / "summary.json").exists()
+    return RunDir(run.run_dir).is_finished()
 
 
 def has_started(run: SweepRun) -> bool:

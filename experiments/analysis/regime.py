@@ -196,9 +196,8 @@ def regime_rows(runs: Iterable[Run], value_name: str = "eval_after") -> list[dic
         lr, noise, steps = _shown(where)
         d = dict(where)
         other = " ".join(f"{k}={d.get(k, '-')}" for k in varying)
-        base = {r.seed: value(r, value_name) for r in sync if setting(r) == where}
-        before = {r.seed: float(r.summary.get("eval_accuracy_before", math.nan))
-                  for r in sync if setting(r) == where}
+        here = {r.seed: r for r in sync if setting(r) == where}
+        base = {seed: value(r, value_name) for seed, r in here.items()}
         mine = {r.seed: r for r in stale}
         seeds = sorted(set(base) & set(mine))
         if not seeds:
@@ -212,7 +211,8 @@ def regime_rows(runs: Iterable[Run], value_name: str = "eval_after") -> list[dic
             "method": method, "lr": lr, "noise": noise, "steps": steps, "other": other,
             "inter": inter,
             "intra": intra,
-            "start": mean_ci([before[s] for s in seeds]),
+            "start": mean_ci([float(here[s].summary.get("eval_accuracy_before", math.nan))
+                              for s in seeds]),
             "sync": mean_ci([base[s] for s in seeds]),
             "stale": mean_ci([value(mine[s], value_name) for s in seeds]), "gap": gap,
             "bites": bites, **{k: float(np.nanmean([i[k] for i in ind])) for k in ind[0]},
