@@ -3,9 +3,10 @@ KV-cache recomputation used after a weight swap.
 
 Shapes (all static per compilation, chosen from buckets by `JaxSampler`): ``B`` rows
 (batch bucket), ``P`` prompt slots (prompt bucket), ``N`` response slots (new-token
-bucket), ``M = P + N`` cache slots, ``V`` vocabulary. Prompts are right-padded: row ``b``
-holds its prompt at ``[0, len_b)``. Response token ``t`` (``t = 0, 1, ...``; "decode step
-t") of row ``b`` sits at position ``len_b + t``. Step 0 is sampled from the prefill
+bucket), ``M <= P + N`` cache slots (the cache grows between chunks, `grow_cache`), ``V``
+vocabulary. Prompts are right-padded: row ``b`` holds its prompt at ``[0, len_b)``.
+Response token ``t`` (``t = 0, 1, ...``; "decode step t") of row ``b`` sits at position
+``len_b + t``. Step 0 is sampled from the prefill
 logits at position ``len_b - 1``; step ``t >= 1`` feeds token ``t - 1`` at position
 ``len_b + t - 1``. Everything that varies per request (lengths, sampling parameters, seed,
 stop set, max new tokens, weight version, the weights themselves) is a traced argument, so
@@ -107,7 +108,7 @@ def _record(state: DecodeState, logits_BV, row_ids, args: SamplingArgs, version,
 
 
 def prefill(graphdef, params, prompts, lens, pad_rows, row_ids, args: SamplingArgs, version,
-            *, max_new_bucket: int, cache_dtype: Any, filtered: bool,
+            *, max_new_bucket: int, cache_len: int, cache_dtype: Any, filtered: bool,
             logit_noise_std: float = 0.0) -> DecodeState:
     """Runs the prompt through the model and samples response token 0.
 
@@ -118,14 +119,17 @@ def prefill(graphdef, params, prompts, lens, pad_rows, row_ids, args: SamplingAr
       pad_rows: ``[B]`` bool, true on rows that only fill the batch bucket (born done).
       row_ids: ``[B, 2]`` int32 (prompt index, sample index) of each row, for its key.
       args: `SamplingArgs`; version: int32 scalar stored in ``token_version``.
-      max_new_bucket: N; cache_dtype: dtype of the KV cache; filtered: static filter flag.
+      max_new_bucket: N; cache_len: cache slots allocated now (``P <= cache_len <= M``; see
+        `grow_cache`); cache_dtype: dtype of the KV cache; filtered: static filter flag.
       logit_noise_std: static; synthetic logit noise (`samplers.jax_mismatch`), 0 = off.
     Returns:
       `DecodeState` with ``step = 1``.
     """
     model = nnx.merge(graphdef, params)
     b, p = prompts.shape
-    cache = init_cache(model.config, b, p + max_new_bucket, cache_dtype)
+    if not p <= cache_len <= p + max_new_bucket:
+        raise ValueError(f"cache_len {cache_len} outside [{p}, {p + max_new_bucket}]")
+    cache = init_cache(model.config, b, cache_len, cache_dtype)
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32)[None, :], (b, p))
     logits, cache = model.decode(prompts, positions, cache)
     last_logits = jnp.take_along_axis(logits, (lens - 1)[:, None, None], axis=1)[:, 0]
@@ -156,6 +160,19 @@ def decode_chunk(graphdef, params, state: DecodeState, lens, row_ids, args: Samp
                        logit_noise_std)
 
     return jax.lax.while_loop(cond, body, state)
+
+
+def grow_cache(state: DecodeState, *, length: int) -> DecodeState:
+    """The same state with the KV cache extended to ``length`` slots (static, at least the
+    current number), the new slots zero. A decode step reads every slot of the cache
+    (masked ones included), so the sampler allocates only the slots the next chunk of
+    steps can write and grows the cache between chunks (`samplers.jax_sampler`)."""
+    m = state.cache.max_len
+    if length < m:
+        raise ValueError(f"grow_cache: length {length} < current {m} slots")
+    k = tuple(jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, length - m))) for x in state.cache.k)
+    v = tuple(jnp.pad(x, ((0, 0), (0, 0), (0, length - m), (0, 0))) for x in state.cache.v)
+    return state.replace(cache=KVCache(k=k, v=v))
 
 
 def recompute_cache(graphdef, params, state: DecodeState, prompts, lens, *,

@@ -7,9 +7,15 @@ Design (see also `samplers.jax_decode` and `samplers.jax_sampling`):
   prompt length and cut into device batches of at most ``max_batch_size`` rows. Each batch
   is padded to a batch bucket (powers of two up to ``max_batch_size``), its prompts to a
   prompt bucket (powers of two, at least ``min_prompt_bucket``) and the response budget to
-  a new-token bucket (powers of two), with ``cache slots = prompt bucket + new-token
-  bucket``. One compilation per (bucket triple, filtering on/off); sampling parameters,
-  seeds, stop sets, lengths and weights are traced arguments.
+  a new-token bucket (powers of two), with at most ``M = prompt bucket + new-token
+  bucket`` cache slots. One compilation per (bucket triple, filtering on/off, cache size);
+  sampling parameters, seeds, stop sets, lengths and weights are traced arguments.
+* **A KV cache that grows.** A decode step reads every slot of the cache, so the cache
+  holds only the slots the next chunk can write: the prompt bucket doubled until it
+  covers them, at most M (`_cache_slots`), grown with zeros between chunks. A response
+  that stops early never pays for M; at most ``log2(M / P) + 1`` cache sizes are compiled.
+  (Batch 32, 5M-parameter model, 2-core Xeon: 1.24x the decode speed of a full-size
+  cache at 512 new tokens, 1.01x at 128.)
 * **Decode loop.** A Python loop over *chunks*; each chunk is one jitted
   ``lax.while_loop`` of up to ``steps_per_call`` decode steps that exits as soon as every
   row is done (so generation stops early). Chunk boundaries are where weights are swapped
@@ -72,6 +78,18 @@ _RECOMPUTE_GRAIN = 32
 
 def _pow2_at_least(n: int, floor: int = 1) -> int:
     return max(floor, 1 << max(0, int(n) - 1).bit_length())
+
+
+def _cache_slots(p_bucket: int, new_bucket: int, end_step: int) -> int:
+    """KV-cache slots allocated for decode steps up to ``end_step`` (exclusive): the prompt
+    bucket doubled until it covers ``p_bucket + end_step`` slots, at most ``p_bucket +
+    new_bucket``. Step ``t`` writes the slot of position ``len_b + t - 1 < p_bucket + t``.
+    A decode step reads every allocated slot, so this keeps its attention proportional to
+    the response so far (at most 2x), with ``log2(M / P) + 1`` cache shapes at most."""
+    slots = p_bucket
+    while slots < p_bucket + end_step:
+        slots *= 2
+    return min(slots, p_bucket + new_bucket)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,13 +177,14 @@ class JaxSampler:
         noise = float(config.logit_noise_std)  # static: closed over by both jitted steps
         self._prefill = jax.jit(
             counted("prefill", functools.partial(jax_decode.prefill, logit_noise_std=noise)),
-            static_argnames=("max_new_bucket", "cache_dtype", "filtered"))
+            static_argnames=("max_new_bucket", "cache_len", "cache_dtype", "filtered"))
         self._decode_chunk = jax.jit(
             counted("decode_chunk", functools.partial(jax_decode.decode_chunk,
                                                       logit_noise_std=noise)),
             static_argnames=("filtered",), donate_argnums=(1,))
         self._recompute = jax.jit(counted("recompute_cache", jax_decode.recompute_cache),
                                   static_argnames=("length",), donate_argnums=(1,))
+        self._grow = jax.jit(jax_decode.grow_cache, static_argnames=("length",))
         self.stats = self._zero_stats()
         self.last_stats = self._zero_stats()
 
@@ -335,8 +354,10 @@ class JaxSampler:
             _, weights, version = pending.pop(0)
         self._hold_if_paused()
         t0 = time.perf_counter()
+        first_end = min(1 + cfg.steps_per_call, params.max_new_tokens)
         state = self._prefill(weights, tokens, lens, jnp.asarray(pad_rows), row_ids, args,
                               jnp.int32(version), max_new_bucket=new_bucket,
+                              cache_len=_cache_slots(p_bucket, new_bucket, first_end),
                               cache_dtype=self._dtype, filtered=filtered)
         step, all_done = int(state.step), bool(jnp.all(state.done))
         self.last_stats["prefill_time_s"] += time.perf_counter() - t0
@@ -361,6 +382,9 @@ class JaxSampler:
             end = min(step + cfg.steps_per_call, params.max_new_tokens)
             if pending:
                 end = min(end, pending[0][0])
+            slots = _cache_slots(p_bucket, new_bucket, end)
+            if slots > state.cache.max_len:
+                state = self._grow(state, length=slots)
             state = self._decode_chunk(weights, state, lens, row_ids, args, jnp.int32(version),
                                        jnp.int32(end), filtered=filtered)
             new_step, all_done = int(state.step), bool(jnp.all(state.done))

@@ -283,6 +283,34 @@ def test_swap_recomputes_only_the_written_cache_slots_with_the_same_result(sampl
     check_versions(part, {0: m0, 1: m1, 2: m2}, np.array([0, 0, 1, 1, 1, 2, 2, 2], np.int32))
 
 
+def test_kv_cache_grows_with_the_response_and_changes_no_token(sampler, models, monkeypatch):
+    """The KV cache holds only the slots the next chunk can write (`_cache_slots`: the
+    prompt bucket doubled, at most M) and grows between chunks: with prompt bucket 8, 16
+    new tokens (M = 24) and 3 steps per chunk, prefill allocates 16 slots and the chunk
+    ending at step 10 grows them to 24 (8 + 10 > 16). The tokens are those of a cache of
+    all M slots from the start, and every log-prob and entropy the learner's."""
+    from samplers import jax_sampler as js
+
+    assert [js._cache_slots(8, 16, e) for e in (1, 4, 8, 9, 16)] == [16, 16, 16, 24, 24]
+    assert [js._cache_slots(32, 512, e) for e in (32, 33, 96, 97, 480, 512)] == [
+        64, 128, 128, 256, 512, 544]
+    params = SamplingParams(max_new_tokens=16, seed=6)
+    seen = []
+    original = sampler._grow
+    monkeypatch.setattr(sampler, "_grow",
+                        lambda state, length: seen.append((state.cache.max_len, length))
+                        or original(state, length=length))
+    grown = flat(sampler.generate(PROMPTS, params, num_samples=2))
+    assert seen == [(16, 24)]
+    monkeypatch.setattr(js, "_cache_slots", lambda p_bucket, new_bucket, end: p_bucket + new_bucket)
+    full = flat(sampler.generate(PROMPTS, params, num_samples=2))
+    assert seen == [(16, 24)]  # no growth when all M slots are allocated at prefill
+    for a, b, (logp, ent, _) in zip(grown, full, learner_view(models[0], grown)):
+        np.testing.assert_array_equal(a.response_ids, b.response_ids)
+        np.testing.assert_allclose(a.logp_mu, logp, atol=TOL, rtol=TOL)
+        np.testing.assert_allclose(a.entropy_mu, ent, atol=TOL, rtol=TOL)
+
+
 def test_update_weights_from_another_thread_while_paused(sampler, models):
     """Async path: the weights are snapshotted, the sampler is held by `pause`, another
     version is installed, and from the next boundary on tokens carry the new version."""
@@ -461,3 +489,35 @@ def test_draw_inverts_the_cdf_at_the_keys_uniform_and_skips_probability_zero():
         assert np.all(w[tokens] > 0)
     assert np.all(np.asarray(draw(jnp.asarray([[0.0, -inf, -inf]] * 64), keys[:64])) == 0)
     assert np.all(np.asarray(draw(jnp.asarray([[-inf, -inf, 5.0]] * 64), keys[:64])) == 2)
+
+
+def test_draw_searches_blocks_with_the_same_rule_over_a_vocabulary_of_many_blocks():
+    """The two-level search of `draw` (block sums, then a running sum inside one block)
+    gives the token of the one-level rule (first y with F(y) > u F(V-1) and w(y) > 0,
+    here in float64) on a vocabulary of 10 blocks whose last is partial, with whole blocks
+    of probability 0, zeros on block edges and one dominant token; and never a token of
+    probability 0."""
+    from samplers.jax_sampling import block_size, draw
+
+    v = 300
+    c = block_size(v)
+    assert (c, -(-v // c)) == (32, 10)
+    rng = np.random.default_rng(0)
+    w = rng.random((4, v)) ** 4
+    w[0, c:3 * c] = 0.0             # two whole blocks of probability 0
+    w[1, c - 1::c] = 0.0            # the last entry of every block
+    w[1, 0::c] = 0.0                # and the first
+    w[2, :] = 0.0
+    w[2, [5, 150, 299]] = [0.2, 0.5, 0.3]  # three tokens, one in the partial last block
+    w[3, 77] = 1e4                  # one dominant token
+    keys = jax.random.split(jax.random.key(11), 512)
+    for row in w:
+        z = np.where(row > 0, np.log(np.maximum(row, 1e-300)), -np.inf).astype(np.float32)
+        tokens = np.asarray(jax.jit(draw)(jnp.broadcast_to(jnp.asarray(z), (512, v)), keys))
+        w64 = np.exp(z.astype(np.float64) - z.max())
+        cdf = np.cumsum(w64)
+        u = np.asarray(jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys),
+                       np.float64)
+        expected = np.argmax((cdf[None, :] > (u * cdf[-1])[:, None]) & (w64 > 0)[None, :], axis=1)
+        np.testing.assert_array_equal(tokens, expected)
+        assert np.all(w64[tokens] > 0)
