@@ -106,7 +106,9 @@ def draw(z: Array, keys: Array) -> Array:
                                                   axis=-1)[:, 0], 0.0)
     w_j = jnp.take_along_axis(w, j[:, None, None], axis=1)[:, 0]  # [B, C]
     i = _first_above(before[:, None] + jnp.cumsum(w_j, axis=-1), target, w_j > 0)
-    return (j * c + i).astype(jnp.int32)
+    # min: a row of NaN logits (no positive weight anywhere) lands on the last id, never
+    # on a padding entry past the vocabulary
+    return jnp.minimum(j * c + i, v - 1).astype(jnp.int32)
 
 
 def block_size(v: int) -> int:

@@ -521,3 +521,5 @@ def test_draw_searches_blocks_with_the_same_rule_over_a_vocabulary_of_many_block
         expected = np.argmax((cdf[None, :] > (u * cdf[-1])[:, None]) & (w64 > 0)[None, :], axis=1)
         np.testing.assert_array_equal(tokens, expected)
         assert np.all(w64[tokens] > 0)
+    nan_row = jnp.full((4, v), jnp.nan, jnp.float32)  # no positive weight: an id in range
+    np.testing.assert_array_equal(np.asarray(draw(nan_row, keys[:4])), [v - 1] * 4)
