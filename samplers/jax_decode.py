@@ -9,8 +9,10 @@ Response token ``t`` (``t = 0, 1, ...``; "decode step t") of row ``b`` sits at p
 ``len_b + t``. Step 0 is sampled from the prefill
 logits at position ``len_b - 1``; step ``t >= 1`` feeds token ``t - 1`` at position
 ``len_b + t - 1``. Everything that varies per request (lengths, sampling parameters, seed,
-stop set, max new tokens, weight version, the weights themselves) is a traced argument, so
-nothing recompiles inside a bucket.
+stop set, max new tokens, weight version, the weights themselves) is a traced argument; the
+one static shape that varies inside a bucket is the cache's number of slots (at most
+``log2((P + N) / P) + 1`` sizes, `grow_cache`), so once a bucket has run its responses to
+full length nothing recompiles in it.
 """
 
 from __future__ import annotations
@@ -119,8 +121,8 @@ def prefill(graphdef, params, prompts, lens, pad_rows, row_ids, args: SamplingAr
       pad_rows: ``[B]`` bool, true on rows that only fill the batch bucket (born done).
       row_ids: ``[B, 2]`` int32 (prompt index, sample index) of each row, for its key.
       args: `SamplingArgs`; version: int32 scalar stored in ``token_version``.
-      max_new_bucket: N; cache_len: cache slots allocated now (``P <= cache_len <= M``; see
-        `grow_cache`); cache_dtype: dtype of the KV cache; filtered: static filter flag.
+      max_new_bucket: N; cache_len: cache slots allocated now (``P <= cache_len <= P + N``;
+        see `grow_cache`); cache_dtype: dtype of the KV cache; filtered: static filter flag.
       logit_noise_std: static; synthetic logit noise (`samplers.jax_mismatch`), 0 = off.
     Returns:
       `DecodeState` with ``step = 1``.

@@ -71,8 +71,8 @@ __all__ = ["JaxSampler", "JaxSamplerConfig"]
 
 
 # KV-cache recomputation after a swap covers the written slots rounded up to a multiple of
-# this (one compiled shape per multiple): at most M / 32 shapes, most of M's cost saved
-# when swaps land early in the response.
+# this (one compiled shape per multiple and cache size: at most M / 32 per cache size),
+# most of M's cost saved when swaps land early in the response.
 _RECOMPUTE_GRAIN = 32
 
 
@@ -165,13 +165,13 @@ class JaxSampler:
         self._running = threading.Event()
         self._running.set()
         self._held = threading.Event()
-        self._traces = {"prefill": 0, "decode_chunk": 0, "recompute_cache": 0}
+        self._traces = {"prefill": 0, "decode_chunk": 0, "recompute_cache": 0, "grow_cache": 0}
         gd = self._graphdef
 
-        def counted(name, fn):
+        def counted(name, fn, *, graph=True):
             def wrapped(*args, **kwargs):
                 self._traces[name] += 1  # runs once per trace, i.e. per compilation
-                return fn(gd, *args, **kwargs)
+                return fn(gd, *args, **kwargs) if graph else fn(*args, **kwargs)
             return functools.wraps(fn)(wrapped)
 
         noise = float(config.logit_noise_std)  # static: closed over by both jitted steps
@@ -184,7 +184,8 @@ class JaxSampler:
             static_argnames=("filtered",), donate_argnums=(1,))
         self._recompute = jax.jit(counted("recompute_cache", jax_decode.recompute_cache),
                                   static_argnames=("length",), donate_argnums=(1,))
-        self._grow = jax.jit(jax_decode.grow_cache, static_argnames=("length",))
+        self._grow = jax.jit(counted("grow_cache", jax_decode.grow_cache, graph=False),
+                             static_argnames=("length",))
         self.stats = self._zero_stats()
         self.last_stats = self._zero_stats()
 

@@ -3,7 +3,8 @@
 References: the learner's full-forward log-probs (`entr_jax.logprobs.token_logprobs_entropy`)
 and float64 numpy re-implementations of the filters. Tolerance 1e-5 for f32 (design.md).
 One sampler (and so one set of compiled functions) is shared by the module; its shapes stay
-in the buckets (batch 8, prompt 8 or 16, new tokens 8) to keep compilations few.
+in the buckets (batch 8, prompt 8 or 16, new tokens 8; 16 in the KV-cache growth test) to
+keep compilations few.
 """
 
 import dataclasses
@@ -287,25 +288,37 @@ def test_kv_cache_grows_with_the_response_and_changes_no_token(sampler, models, 
     """The KV cache holds only the slots the next chunk can write (`_cache_slots`: the
     prompt bucket doubled, at most M) and grows between chunks: with prompt bucket 8, 16
     new tokens (M = 24) and 3 steps per chunk, prefill allocates 16 slots and the chunk
-    ending at step 10 grows them to 24 (8 + 10 > 16). The tokens are those of a cache of
-    all M slots from the start, and every log-prob and entropy the learner's."""
+    ending at step 10 grows them to 24 (8 + 10 > 16). An 8-token prompt fills its bucket,
+    so its chunk 7 -> 10 writes position 16: growing a chunk late would drop that K/V and
+    change its later tokens. The tokens are those of a cache of all M slots from the start,
+    and every log-prob and entropy the learner's; a swap at step 5 rebuilds the cache while
+    it holds 16 of the 24 slots, and each token is its version's conditional."""
     from samplers import jax_sampler as js
 
     assert [js._cache_slots(8, 16, e) for e in (1, 4, 8, 9, 16)] == [16, 16, 16, 24, 24]
     assert [js._cache_slots(32, 512, e) for e in (32, 33, 96, 97, 480, 512)] == [
         64, 128, 128, 256, 512, 544]
+    prompts = PROMPTS + [[3, 14, 15, 92, 65, 35, 89, 79]]  # 8 tokens: a full bucket
     params = SamplingParams(max_new_tokens=16, seed=6)
-    seen = []
-    original = sampler._grow
+    seen, rebuilt = [], []
+    grow, recompute = sampler._grow, sampler._recompute
     monkeypatch.setattr(sampler, "_grow",
                         lambda state, length: seen.append((state.cache.max_len, length))
-                        or original(state, length=length))
-    grown = flat(sampler.generate(PROMPTS, params, num_samples=2))
+                        or grow(state, length=length))
+    grown = flat(sampler.generate(prompts, params))
     assert seen == [(16, 24)]
+    m0, m1, _ = models
+    monkeypatch.setattr(sampler, "_recompute",
+                        lambda w, state, *a, length: rebuilt.append((state.cache.max_len, length))
+                        or recompute(w, state, *a, length=length))
+    swapped = flat(sampler.generate(prompts, params,
+                                    weight_schedule=[(5, m1, 1)]))
+    assert rebuilt == [(16, 16)] and seen == [(16, 24)] * 2
+    check_versions(swapped, {0: m0, 1: m1}, np.array([0] * 5 + [1] * 11, np.int32))
     monkeypatch.setattr(js, "_cache_slots", lambda p_bucket, new_bucket, end: p_bucket + new_bucket)
-    full = flat(sampler.generate(PROMPTS, params, num_samples=2))
-    assert seen == [(16, 24)]  # no growth when all M slots are allocated at prefill
-    for a, b, (logp, ent, _) in zip(grown, full, learner_view(models[0], grown)):
+    full = flat(sampler.generate(prompts, params))
+    assert seen == [(16, 24)] * 2  # no growth when all M slots are allocated at prefill
+    for a, b, (logp, ent, _) in zip(grown, full, learner_view(m0, grown)):
         np.testing.assert_array_equal(a.response_ids, b.response_ids)
         np.testing.assert_allclose(a.logp_mu, logp, atol=TOL, rtol=TOL)
         np.testing.assert_allclose(a.entropy_mu, ent, atol=TOL, rtol=TOL)
