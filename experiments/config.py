@@ -302,6 +302,8 @@ class SFTSpec:
     Attributes:
       steps, batch_size, learning_rate, warmup_steps: the supervised pass (AdamW, no
         weight decay, global-norm clipping at 1).
+      schedule: ``"constant"`` keeps ``learning_rate`` after the warmup; ``"cosine"``
+        decays it to 0 over the ``steps`` (warmup included; `learners.optim.make_schedule`).
       save_model: write the warm-started policy to ``<run_dir>/sft_model`` in the Hugging
         Face layout (config, safetensors, tokenizer), so later runs can start from it with
         ``--model.path <run_dir>/sft_model --sft.steps 0``.
@@ -311,6 +313,7 @@ class SFTSpec:
     batch_size: int = 64
     learning_rate: float = 1e-3
     warmup_steps: int = 10
+    schedule: Literal["constant", "cosine"] = "constant"
     save_model: bool = True
 
     def __post_init__(self):
@@ -318,6 +321,18 @@ class SFTSpec:
         _require(self.batch_size >= 1, "sft.batch_size", self.batch_size, ">= 1")
         _require(self.learning_rate > 0, "sft.learning_rate", self.learning_rate, "> 0")
         _require(self.warmup_steps >= 0, "sft.warmup_steps", self.warmup_steps, ">= 0")
+        _require(self.schedule in ("constant", "cosine"), "sft.schedule", self.schedule,
+                 "'constant' or 'cosine'")
+        _require(self.schedule == "constant" or self.steps == 0
+                 or self.steps > self.warmup_steps, "sft.steps", self.steps,
+                 f"> sft.warmup_steps ({self.warmup_steps}) with sft.schedule 'cosine'")
+
+    def optimizer(self) -> OptimizerConfig:
+        """The warm start's optimizer: AdamW at ``learning_rate`` after ``warmup_steps``,
+        constant or cosine to 0 at ``steps``, no weight decay, clipping at global norm 1."""
+        return OptimizerConfig(learning_rate=self.learning_rate, warmup_steps=self.warmup_steps,
+                               schedule=self.schedule, total_steps=self.steps,
+                               weight_decay=0.0, max_grad_norm=1.0)
 
 
 @dataclasses.dataclass(frozen=True)

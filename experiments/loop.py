@@ -228,8 +228,7 @@ class Job:
         sft, demos = self.cfg.sft, self.task.demos
         if not demos:
             raise ValueError(f"sft.steps > 0 but task {self.cfg.task.name!r} has no demonstrations")
-        opt = OptimizerConfig(learning_rate=sft.learning_rate, warmup_steps=sft.warmup_steps,
-                              weight_decay=0.0, max_grad_norm=1.0)
+        opt = sft.optimizer()
         trajs = [demo_trajectory(d, self.tokenizer) for d in demos]
         # every demonstration is known: batches are padded to at most the longest one, not
         # to the next power of two (the quickstart's: 11 tokens, not 16)

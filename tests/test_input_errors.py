@@ -37,6 +37,8 @@ PARSE_CASES = [
     (["--sampling.temperature", "0"], "sampling.temperature must be > 0, got 0.0"),
     (["--sampling.temperature", "-1"], "sampling.temperature must be > 0, got -1.0"),
     (["--sft.warmup_steps", "-5"], "sft.warmup_steps must be >= 0, got -5"),
+    (["--sft.schedule", "cosine", "--sft.steps", "20", "--sft.warmup_steps", "20"],
+     "sft.steps must be > sft.warmup_steps (20) with sft.schedule 'cosine', got 20"),
     (["--sampler.min_prompt_bucket", "0"], "sampler.min_prompt_bucket must be >= 1, got 0"),
     (["--optim.warmup_steps", "-1"],
      "Error parsing optim: OptimizerConfig.warmup_steps must be >= 0, got -1"),

@@ -647,3 +647,19 @@ def test_sft_warm_start_trains_the_model_path_weights(small_model_dir, tmp_path)
     far = max(np.max(np.abs(np.asarray(random_init[p].get_value()) - np.asarray(v.get_value())))
               for p, v in loaded.items())
     assert far > 1e-2
+
+
+def test_sft_schedule_cosine_decays_the_warm_start_learning_rate_to_zero():
+    """`SFTSpec.optimizer`: the warm start's learning rate follows its ``schedule``: linear
+    warmup to the peak, then constant, or cosine to 0 at ``steps`` (values of
+    `learners.optim.make_schedule` at hand-computed steps)."""
+    from experiments.config import SFTSpec
+    from learners.optim import make_schedule
+
+    const = make_schedule(SFTSpec(steps=100, learning_rate=1e-3, warmup_steps=10).optimizer())
+    cos = make_schedule(SFTSpec(steps=100, learning_rate=1e-3, warmup_steps=10,
+                                schedule="cosine").optimizer())
+    assert [float(const(s)) for s in (5, 10, 55, 100)] == pytest.approx([5e-4, 1e-3, 1e-3, 1e-3])
+    # cosine over the 90 steps after warmup: at step 55 half-way, 0.5 * (1 + cos(pi/2))
+    assert [float(cos(s)) for s in (5, 10, 55, 100)] == pytest.approx(
+        [5e-4, 1e-3, 5e-4, 0.0], abs=1e-9)
