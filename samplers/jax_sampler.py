@@ -86,10 +86,8 @@ def _cache_slots(p_bucket: int, new_bucket: int, end_step: int) -> int:
     new_bucket``. Step ``t`` writes the slot of position ``len_b + t - 1 < p_bucket + t``.
     A decode step reads every allocated slot, so this keeps its attention proportional to
     the response so far (at most 2x), with ``log2(M / P) + 1`` cache shapes at most."""
-    slots = p_bucket
-    while slots < p_bucket + end_step:
-        slots *= 2
-    return min(slots, p_bucket + new_bucket)
+    doublings = _pow2_at_least(-(-(p_bucket + end_step) // p_bucket))
+    return min(p_bucket * doublings, p_bucket + new_bucket)
 
 
 @dataclasses.dataclass(frozen=True)

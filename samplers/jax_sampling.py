@@ -90,7 +90,7 @@ def draw(z: Array, keys: Array) -> Array:
     rule as one running sum over all ``V`` entries, with the additions grouped by block,
     so the two agree except where float rounding moves ``F(y)`` across ``u F(V - 1)``;
     one pass over ``[B, V]`` (the block sums) replaces the ``V``-long running sum and its
-    search, about 0.3 ms of a 5 ms decode step of the CPU benchmark model at batch 32.
+    search, about 0.5 ms of a 5 ms decode step of the CPU benchmark model at batch 32.
     """
     b, v = z.shape
     c = block_size(v)
