@@ -5,6 +5,7 @@ Usage (from the repository root)::
     python benchmarks/sampler.py            # CPU: ~5M-param Qwen2, batch 8, 128 new tokens
     python benchmarks/sampler.py --gpu      # larger model for an accelerator (JAX default
                                             # backend; HF on CUDA when torch has it)
+    python benchmarks/sampler.py --devices 1   # CPU: the JAX sampler on one host device only
 
 Both engines run the same weights: the random `Decoder` is written with
 `entr_jax.model.save_pretrained` and read back by ``AutoModelForCausalLM.from_pretrained``
@@ -20,6 +21,15 @@ with the 1-minute load average sampled every round. Figures are medians with ``p
 and extremes; ``ratio_jax_over_hf_tokens_per_s`` is the median of the per-round paired
 ratios. The JAX sampler also computes the full-vocabulary entropy and log-prob of every
 sampled token (``entropy_mu``, ``logp_mu``); HF ``generate`` computes neither.
+
+Cores: torch runs its intra-op threads on every core. XLA:CPU runs the small matmuls of a
+decode step (32 rows) on one thread, so on CPU the script by default also times the JAX
+sampler with ``--devices`` replicas (default: one per core), the process started with that
+many host devices (``XLA_FLAGS=--xla_force_host_platform_device_count``, set here before
+JAX starts): `JaxSamplerConfig.num_devices` splits the batch into one device batch per
+replica and runs them concurrently. ``jax_sampler`` is then the replicated sampler and
+``jax_sampler_1_device`` the single-device one, each with its paired ratio to HF
+(``ratio_jax_over_hf_tokens_per_s``, ``ratio_jax_1_device_over_hf_tokens_per_s``).
 """
 
 from __future__ import annotations
@@ -65,12 +75,13 @@ class JaxEngine:
     """The embedded sampler on ``prompts``: one warm-up call (compilation) at construction,
     then `call` times one whole ``generate`` (prefill included)."""
 
-    name = "jax_sampler"
-
-    def __init__(self, model: Decoder, prompts: np.ndarray, new_tokens: int):
+    def __init__(self, model: Decoder, prompts: np.ndarray, new_tokens: int, name: str,
+                 devices: int = 1):
+        self.name, self.devices = name, devices
         self.prompts, self.new_tokens = prompts.tolist(), new_tokens
         self.sampler = JaxSampler(model, config=JaxSamplerConfig(
-            max_batch_size=len(prompts), min_prompt_bucket=prompts.shape[1], steps_per_call=32))
+            max_batch_size=len(prompts), min_prompt_bucket=prompts.shape[1], steps_per_call=32,
+            num_devices=devices))
         t0 = time.perf_counter()
         self.sampler.generate(self.prompts, SamplingParams(max_new_tokens=new_tokens, seed=0))
         self.warmup_s = time.perf_counter() - t0
@@ -84,7 +95,9 @@ class JaxEngine:
         seconds = time.perf_counter() - t0
         assert all(len(g[0].response_ids) == self.new_tokens for g in out)
         st = self.sampler.last_stats
-        self.decode_rates.append(len(self.prompts) * st["decode_steps"] / st["decode_time_s"])
+        # decode_steps counts every replica's steps; the replicas' rows add up to the batch
+        steps = st["decode_steps"] / self.devices
+        self.decode_rates.append(len(self.prompts) * steps / st["decode_time_s"])
         self.prefill_s.append(st["prefill_time_s"])
         return seconds
 
@@ -92,7 +105,7 @@ class JaxEngine:
         return {"decode_tokens_per_s": spread(self.decode_rates),
                 "prefill_s": spread(self.prefill_s),
                 "warmup_s_incl_compile": round(self.warmup_s, 3),
-                "backend": jax.default_backend()}
+                "backend": jax.default_backend(), "num_devices": self.devices}
 
 
 class HfEngine:
@@ -152,9 +165,11 @@ def interleaved(engines: list, repeats: int, tokens: int) -> dict:
     for e in engines:
         out[e.name] = {"tokens_per_s": spread([tokens / t for t in seconds[e.name]]),
                        "seconds": spread(seconds[e.name]), **e.extra()}
-    if len(engines) == 2:
-        a, b = (seconds[e.name] for e in engines)
-        out["ratio_jax_over_hf_tokens_per_s"] = spread([tb / ta for ta, tb in zip(a, b)])
+    hf = seconds.get(HfEngine.name)
+    for e in engines:
+        if hf is not None and e.name != HfEngine.name:
+            key = "ratio_" + e.name.replace("_sampler", "") + "_over_hf_tokens_per_s"
+            out[key] = spread([tb / ta for ta, tb in zip(seconds[e.name], hf)])
     return out
 
 
@@ -166,7 +181,15 @@ def main():
     parser.add_argument("--repeats", type=int, default=10,
                         help="interleaved rounds (each times both engines once)")
     parser.add_argument("--skip-hf", action="store_true", help="only the JAX sampler")
+    parser.add_argument("--devices", type=int, default=None,
+                        help="replicas of the JAX sampler (JaxSamplerConfig.num_devices); on "
+                             "CPU the process gets as many host devices (default: one per "
+                             "core; 1 = the single-device sampler only); with --gpu: 1")
     args = parser.parse_args()
+    devices = args.devices or (1 if args.gpu else os.cpu_count())
+    if devices > 1 and not args.gpu:  # before JAX starts its CPU backend
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                   f" --xla_force_host_platform_device_count={devices}")
     s = dict(SIZES["gpu" if args.gpu else "cpu"])
     if args.batch:
         s["batch"] = args.batch
@@ -176,15 +199,17 @@ def main():
     n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     prompts = np.random.default_rng(0).integers(0, s["vocab_size"], (s["batch"], s["prompt_len"]))
     result = {"variant": "gpu" if args.gpu else "cpu", "params": int(n_params), **s,
-              "cpu_count": os.cpu_count()}
+              "cpu_count": os.cpu_count(), "jax_devices": jax.device_count()}
     tokens = s["batch"] * s["new_tokens"]
     result["load_1m_before"] = os.getloadavg()[0]
-    engines = [JaxEngine(model, prompts, s["new_tokens"])]
+    engines = [JaxEngine(model, prompts, s["new_tokens"], "jax_sampler", devices)]
+    if devices > 1:
+        engines.append(JaxEngine(model, prompts, s["new_tokens"], "jax_sampler_1_device"))
     with tempfile.TemporaryDirectory() as path:
         if not args.skip_hf:
             save_pretrained(model, path)
             engines.append(HfEngine(path, prompts, s["new_tokens"], model))
-            result["parity_max_abs"] = engines[1].parity_max_abs
+            result["parity_max_abs"] = engines[-1].parity_max_abs
         result.update(interleaved(engines, args.repeats, tokens))
     print(json.dumps(result, indent=2))
 

@@ -536,3 +536,90 @@ def test_draw_searches_blocks_with_the_same_rule_over_a_vocabulary_of_many_block
         assert np.all(w64[tokens] > 0)
     nan_row = jnp.full((4, v), jnp.nan, jnp.float32)  # no positive weight: an id in range
     np.testing.assert_array_equal(np.asarray(draw(nan_row, keys[:4])), [v - 1] * 4)
+
+
+def test_device_batches_spread_rows_over_the_replicas():
+    from samplers.jax_sampler import _device_batches
+
+    def sizes(r, m, d):
+        got = _device_batches(r, m, d)
+        assert [x for b in got for x in b] == list(range(r))  # consecutive, all, once
+        return [len(b) for b in got]
+
+    assert sizes(10, 4, 1) == [4, 4, 2]
+    assert sizes(10, 4, 2) == [3, 3, 3, 1]
+    assert sizes(32, 32, 2) == [16, 16]
+    assert sizes(8, 8, 2) == [4, 4]
+    assert sizes(3, 8, 2) == [2, 1]
+    assert sizes(1, 8, 2) == [1]
+    assert sizes(12, 4, 2) == [3, 3, 3, 3]
+    assert sizes(9, 2, 3) == [2, 2, 2, 2, 1]  # 5 batches needed -> 6 -> 2 rows each
+
+
+@pytest.fixture(scope="module")
+def replicated(models):
+    """The `sampler` fixture's settings on 2 devices, with at most 4 rows per device batch
+    (the 12 requests of 4 prompts x 3 samples: 4 batches of 3 rows, 2 waves of 2)."""
+    cfg = JaxSamplerConfig(max_batch_size=4, min_prompt_bucket=8, steps_per_call=3,
+                           num_devices=2)
+    return JaxSampler(models[0], version=0, config=cfg)
+
+
+def test_replicas_sample_the_tokens_of_one_device(sampler, replicated, models, monkeypatch):
+    """Spreading the batch over replicas changes no draw: same tokens, versions and finish
+    reasons as the single-device sampler, with a weight schedule and stop tokens; the
+    log-probs agree to float rounding (other batch shapes)."""
+    from samplers import jax_sampler as js
+
+    _, m1, m2 = models
+    free = flat(sampler.generate(PROMPTS, SamplingParams(max_new_tokens=8, seed=3), 3))
+    params = SamplingParams(max_new_tokens=8, seed=3,
+                            stop_token_ids=(int(free[0].response_ids[3]),))
+    schedule = [(2, nnx.state(m1), 1), (5, m2, 2)]
+    one = flat(sampler.generate(PROMPTS, params, 3, weight_schedule=schedule))
+    devices = []
+    real = js.JaxSampler._to_generations
+    monkeypatch.setattr(js.JaxSampler, "_to_generations", lambda self, prompts, state, p: (
+        devices.append(state.tokens.devices()), real(self, prompts, state, p))[1])
+    two = flat(replicated.generate(PROMPTS, params, 3, weight_schedule=schedule))
+    assert {"stop", "length"} == {g.finish_reason for g in one}
+    for a, b in zip(one, two):
+        np.testing.assert_array_equal(a.response_ids, b.response_ids)
+        np.testing.assert_array_equal(a.token_version, b.token_version)
+        assert a.finish_reason == b.finish_reason
+        np.testing.assert_allclose(a.logp_mu, b.logp_mu, atol=TOL)
+        np.testing.assert_allclose(a.entropy_mu, b.entropy_mu, atol=TOL)
+    assert devices == [{jax.local_devices()[0]}, {jax.local_devices()[1]}] * 2
+    st = replicated.last_stats
+    assert st["prefills"] == 4
+    assert st["tokens_generated"] == sum(len(g.response_ids) for g in one)
+    assert replicated.version == 0
+
+
+def test_replicas_take_weights_installed_while_paused(replicated, models):
+    """Async path with replicas: weights installed while `generate` is held reach every
+    replica at the same boundary."""
+    m0, m1, _ = models
+    params = SamplingParams(max_new_tokens=8, seed=4)
+    result = {}
+    replicated.pause()
+    worker = threading.Thread(
+        target=lambda: result.update(out=replicated.generate(PROMPTS[:2], params, 2)))
+    worker.start()
+    try:
+        assert replicated.wait_until_held(timeout=120), "generate did not reach the pause"
+        replicated.update_weights(nnx.state(m1), version=7)
+    finally:
+        replicated.resume()
+        worker.join(timeout=120)
+        replicated.update_weights(m0, version=0)
+    assert replicated.last_stats["prefills"] == 2  # 4 requests: 2 batches, one wave
+    check_versions(flat(result["out"]), {0: m0, 7: m1}, np.array([0] + [7] * 7, np.int32))
+
+
+def test_replicas_need_the_devices(models):
+    with pytest.raises(ValueError, match="num_devices"):
+        JaxSamplerConfig(num_devices=0)
+    n = len(jax.local_devices())
+    with pytest.raises(ValueError, match=f"num_devices={n + 1} but this process has {n}"):
+        JaxSampler(models[0], config=JaxSamplerConfig(num_devices=n + 1))
