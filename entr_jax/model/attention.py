@@ -10,6 +10,8 @@ Layout. Both forms move heads ahead of positions once (``q -> [B, K, G, S, hd]``
 ``k, v -> [B, K, T, hd]``; ``G = H / K``), so both score matmuls are batched over
 ``(B, K)`` with the ``[G * S, T]`` scores contiguous: XLA needs no copy of a score-sized
 array in the forward or the backward pass, only of the ``[B, S, H, hd]`` inputs and output.
+The backward pass is written out (`_attend_vjp`) so that this holds on XLA:CPU too, where
+autodiff's ``dS^T Q`` had the score gradient written transposed.
 The KV cache is stored heads-first (keys ``[B, K, hd, M]``, values ``[B, K, M, hd]``), so
 a decode step reads it as is instead of transposing the whole cache for each layer at each
 step (`attend_cache`); the keys keep the slot axis last, so the scores of one query reduce
@@ -26,6 +28,7 @@ rounding on every row with at least one readable key.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -55,13 +58,73 @@ def _positions_first(out: jax.Array) -> jax.Array:
 def _softmax_attend(qh, kh, vh, mask, dtype, *, keys_last: bool = False):
     """``qh [B,K,G,S,hd]``, ``kh [B,K,T,hd]`` (``[B,K,hd,T]`` when ``keys_last``), ``vh
     [B,K,T,hd]``, ``mask`` bool broadcastable to ``[B,K,G,S,T]`` -> ``[B,K,G,S,hd]`` in
-    ``dtype``."""
+    ``dtype``. The positions-last form (training) differentiates through `_attend_vjp`."""
+    if keys_last:
+        return _probs_values(_probs(qh, kh, mask, keys_last=True), vh, dtype)
+    return _attend_vjp(qh, kh, vh, mask, dtype)
+
+
+def _probs(qh, kh, mask, *, keys_last: bool = False):
+    """``softmax(q k^T / sqrt(hd))`` over the unmasked keys: ``[B,K,G,S,T]`` f32."""
     scale = 1.0 / math.sqrt(qh.shape[-1])
     scores = jnp.einsum("bkgsd,bkdt->bkgst" if keys_last else "bkgsd,bktd->bkgst", qh,
                         kh.astype(qh.dtype), preferred_element_type=jnp.float32) * scale
     scores = jnp.where(mask, scores, _MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
-    return jnp.einsum("bkgst,bktd->bkgsd", probs, vh.astype(dtype))
+    return jax.nn.softmax(scores, axis=-1)
+
+
+def _probs_values(probs, vh, dtype):
+    return jnp.einsum("bkgst,bktd->bkgsd", probs.astype(dtype), vh.astype(dtype))
+
+
+def _contract_rows(a, b):
+    """``[B, K, hd, T]``: ``a^T b`` over the ``G * S`` rows of ``a [B, K, G, S, hd]`` and
+    ``b [B, K, G, S, T]``, batched over ``(B, K)`` (one contracting axis: merged by a free
+    reshape, so XLA:CPU hands the product to its matmul library)."""
+    bb, kk, g, s = a.shape[:4]
+    a = a.reshape(bb, kk, g * s, a.shape[-1])
+    b = b.reshape(bb, kk, g * s, b.shape[-1])
+    return jax.lax.dot_general(a, b, (((2,), (2,)), ((0, 1), (0, 1))))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _attend_vjp(qh, kh, vh, mask, dtype):
+    """`_softmax_attend` (positions-last keys) with the same values and a backward pass in
+    which no ``[B, K, G, S, T]`` array is transposed.
+
+    Reverse-mode autodiff forms the key and value gradients as ``dS^T Q`` and ``P^T dO``,
+    which contract the ``G * S`` rows of the score-sized ``dS`` and ``P``; XLA:CPU then
+    lays the elementwise fusion that produces them out transposed, writing a score-sized
+    array column by column (``copy_bitcast_fusion``: about 12% of the benchmark learner
+    step's op time on a 2-core Xeon, 20 ms per layer for one ``[2, 2, 384, 1024]`` block).
+    Here they are formed transposed instead, ``(Q^T dS)^T`` and ``(dO^T P)^T``: the
+    score-sized operand is read in its own row-major layout and only the ``[T, hd]``
+    results are transposed. Same products (float rounding aside): the softmax backward
+    ``dS = P * (dP - sum_t dP * P) / sqrt(hd)`` on the unmasked scores, 0 on masked ones.
+    """
+    return _probs_values(_probs(qh, kh, mask), vh, dtype)
+
+
+def _attend_fwd(qh, kh, vh, mask, dtype):
+    probs = _probs(qh, kh, mask)
+    return _probs_values(probs, vh, dtype), (qh, kh, vh, mask, probs)
+
+
+def _attend_bwd(dtype, res, d_out):
+    qh, kh, vh, mask, probs = res
+    d_out = d_out.astype(dtype)
+    d_probs = jnp.einsum("bkgsd,bktd->bkgst", d_out, vh.astype(dtype),
+                         preferred_element_type=jnp.float32)
+    d_v = _contract_rows(d_out, probs.astype(dtype))  # [B, K, hd, T]
+    d_scores = probs * (d_probs - jnp.sum(d_probs * probs, axis=-1, keepdims=True))
+    d_scores = jnp.where(mask, d_scores, 0.0) * (1.0 / math.sqrt(qh.shape[-1]))
+    d_q = jnp.einsum("bkgst,bktd->bkgsd", d_scores.astype(qh.dtype), kh.astype(qh.dtype))
+    d_k = _contract_rows(qh, d_scores.astype(qh.dtype))  # [B, K, hd, T]
+    return (d_q.astype(qh.dtype), jnp.swapaxes(d_k, 2, 3).astype(kh.dtype),
+            jnp.swapaxes(d_v, 2, 3).astype(vh.dtype), None)
+
+
+_attend_vjp.defvjp(_attend_fwd, _attend_bwd)
 
 
 def attend_cache(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array, mask: jax.Array,
