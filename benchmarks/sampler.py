@@ -95,8 +95,9 @@ class JaxEngine:
         seconds = time.perf_counter() - t0
         assert all(len(g[0].response_ids) == self.new_tokens for g in out)
         st = self.sampler.last_stats
-        # decode_steps counts every replica's steps; the replicas' rows add up to the batch
-        steps = st["decode_steps"] / self.devices
+        # decode_steps sums the device batches' steps (concurrent on replicas); every row
+        # decodes the same number of steps, so one batch's count times all rows
+        steps = st["decode_steps"] / st["prefills"]
         self.decode_rates.append(len(self.prompts) * steps / st["decode_time_s"])
         self.prefill_s.append(st["prefill_time_s"])
         return seconds

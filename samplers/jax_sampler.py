@@ -21,7 +21,8 @@ Design (see also `samplers.jax_decode` and `samplers.jax_sampling`):
   row is done (so generation stops early). Chunk boundaries are where weights are swapped
   and where `pause` holds; ``steps_per_call = 1`` gives per-step boundaries.
 * **Replicas** (``num_devices > 1``). The device batches are cut so their count is a
-  multiple of the replicas (`_device_batches`) and run in waves, one batch per device:
+  multiple of the replicas, rows spread evenly (`_device_batches`), and run in waves, one
+  batch per device, all starting from the same snapshot of the installed weights:
   each chunk is dispatched on every device before any is waited for, so the replicas
   decode concurrently, and every input of a replica (weights, sampling arguments) is put
   on its device, since one read from another device's queue would wait for that device's
@@ -29,6 +30,7 @@ Design (see also `samplers.jax_decode` and `samplers.jax_sampling`):
   matmuls of a decode step on one thread, while each host device runs its own program
   (2-core Xeon, batch 32 of the benchmark model: 1.37x the decode speed of one device).
   Weight swaps, the schedule and `pause` act at the same boundaries for all replicas.
+  Each jitted function compiles once per device; ``stats`` sum over all device batches.
 * **Determinism.** Response token ``t`` of sample ``j`` of prompt ``i`` is drawn with the key
   ``fold_in(fold_in(fold_in(key(seed mod 2**32), i), j), t)`` (``i`` = index in the
   ``prompts`` argument); it gives the token's one uniform, which is inverted through the
@@ -157,7 +159,9 @@ class JaxSampler:
     Attributes:
       stats: cumulative counters: ``tokens_generated`` (returned response tokens),
         ``decode_steps`` (executed batched decode steps, prefill excluded), ``prefills``,
-        ``weight_swaps``, ``prefill_time_s`` and ``decode_time_s`` (wall seconds).
+        ``weight_swaps``, ``prefill_time_s`` and ``decode_time_s`` (wall seconds). The
+        counts are summed over the device batches, those the replicas run concurrently
+        included (``decode_steps / prefills``: steps per batch); the times are wall time.
       last_stats: the same counters for the latest `generate` call.
     """
 
@@ -317,12 +321,14 @@ class JaxSampler:
         self.last_stats = self._zero_stats()
         out: list[list[Generation | None]] = [[None] * num_samples for _ in prompt_arrays]
         batches = _device_batches(len(requests), self.config.max_batch_size, len(self._devices))
-        placed: dict[tuple[int, int], Any] = {}  # (id(weights), replica) -> weights there
+        placed: dict[Any, Any] = {}  # weights placed on the replicas (`_weights_on`)
         for first in range(0, len(batches), len(self._devices)):
             wave = [[requests[r] for r in rows]
                     for rows in batches[first:first + len(self._devices)]]
+            with self._lock:  # one snapshot for the whole wave
+                installed, seq = self._installed, self._install_seq
             runs = [_BatchRun.start(self, [prompt_arrays[i] for i, _ in chunk], chunk,
-                                    replica, placed, schedule)
+                                    replica, placed, schedule, installed, seq)
                     for replica, chunk in enumerate(wave)]
             for run, gens in zip(runs, self._run_wave(runs, params, args, filtered, new_bucket)):
                 for (i, j), gen in zip(run.request_ids, gens):
@@ -370,11 +376,21 @@ class JaxSampler:
         filtered = p.top_k != -1 or p.top_p < 1.0 or p.min_p > 0.0
         return args, filtered, _pow2_at_least(p.max_new_tokens)
 
-    def _weights_on(self, weights: Any, replica: int, placed: dict) -> Any:
-        """``weights`` on replica ``replica``'s device (one copy per call of `generate`)."""
+    def _weights_on(self, weights: Any, replica: int, placed: dict,
+                    install_seq: int | None = None) -> Any:
+        """``weights`` on replica ``replica``'s device, placed once per call of `generate`
+        and shared by the batches of that replica. ``install_seq``: the weights are the
+        installed ones of that install counter; only the newest installed weights are
+        kept per replica (an async run installs new ones while `generate` runs), the
+        schedule's (None) for the whole call."""
         device = self._devices[replica]
         if device is None:
             return weights
+        if install_seq is not None:
+            key = ("installed", replica)
+            if key not in placed or placed[key][0] != install_seq:
+                placed[key] = (install_seq, jax.device_put(weights, device))
+            return placed[key][1]
         key = (id(weights), replica)
         if key not in placed:
             placed[key] = (weights, jax.device_put(weights, device))  # keeps id(weights) live
@@ -429,21 +445,27 @@ class JaxSampler:
 
 
 def _device_batches(num_requests: int, max_batch_size: int, replicas: int) -> list[range]:
-    """Consecutive request index ranges of the device batches.
+    """Consecutive request index ranges of the device batches (none for no request).
 
     One replica: batches of ``max_batch_size`` rows, the last one shorter. Several: the
-    fewest batches of at most ``max_batch_size`` rows whose count is a multiple of
+    fewest batches of at most ``max_batch_size`` rows whose count ``n`` is a multiple of
     ``replicas`` (each wave of ``replicas`` batches runs concurrently, one per device),
-    with the rows spread evenly (``ceil(R / count)`` each, the last ones shorter, and fewer
-    batches than that count when there are fewer requests than replicas). E.g. ``R = 10``,
-    at most 4 rows, 2 replicas: 4 batches of 3, 3, 3, 1 rows."""
+    the rows spread evenly: ``R // n`` each, one more for the first ``R % n``; empty
+    batches (fewer requests than ``n``) are dropped. E.g. ``R = 10``, at most 4 rows, 2
+    replicas: 4 batches of 3, 3, 2, 2 rows."""
     if replicas == 1:
         return [range(s, min(s + max_batch_size, num_requests))
                 for s in range(0, num_requests, max_batch_size)]
     count = -(-num_requests // max_batch_size)
     count = -(-count // replicas) * replicas
-    size = -(-num_requests // count)
-    return [range(s, min(s + size, num_requests)) for s in range(0, num_requests, size)]
+    size, extra = divmod(num_requests, count) if count else (0, 0)
+    out, start = [], 0
+    for b in range(count):
+        end = start + size + (b < extra)
+        if end > start:
+            out.append(range(start, end))
+        start = end
+    return out
 
 
 @dataclasses.dataclass
@@ -484,9 +506,10 @@ class _BatchRun:
 
     @classmethod
     def start(cls, sampler: JaxSampler, prompts, request_ids, replica: int, placed: dict,
-              schedule) -> _BatchRun:
+              schedule, installed: tuple[Any, int], seq: int) -> _BatchRun:
         """Pads the batch to its buckets, puts it on its replica's device, and takes the
-        weights to start with (the installed ones, or the schedule's entry for step 0)."""
+        weights to start with: ``installed`` (``(weights, version)`` of install counter
+        ``seq``, one snapshot per wave), or the schedule's entry for step 0."""
         cfg = sampler.config
         rows = len(prompts)
         batch = min(_pow2_at_least(rows), cfg.max_batch_size)
@@ -501,14 +524,13 @@ class _BatchRun:
         pad_rows = np.arange(batch) >= rows
         device = sampler._devices[replica]
         put = jnp.asarray if device is None else functools.partial(jax.device_put, device=device)
-        with sampler._lock:
-            weights, version = sampler._installed
-            seen_seq = sampler._install_seq
+        weights, version = installed
         pending = [(s, sampler._weights_on(w, replica, placed), v) for s, w, v in schedule]
         run = cls(prompts=prompts, request_ids=request_ids, replica=replica, p_bucket=p_bucket,
                   tokens=put(tokens), lens=put(lens), row_ids=put(row_ids),
-                  pad_rows=put(pad_rows), weights=sampler._weights_on(weights, replica, placed),
-                  version=version, seen_seq=seen_seq, pending=pending, placed=placed)
+                  pad_rows=put(pad_rows),
+                  weights=sampler._weights_on(weights, replica, placed, seq),
+                  version=version, seen_seq=seq, pending=pending, placed=placed)
         while run.pending and run.pending[0][0] <= 0:
             _, run.weights, run.version = run.pending.pop(0)
         return run
@@ -541,7 +563,7 @@ class _BatchRun:
         cfg = sampler.config
         swapped = False
         if seq != self.seen_seq:
-            self.weights = sampler._weights_on(installed[0], self.replica, self.placed)
+            self.weights = sampler._weights_on(installed[0], self.replica, self.placed, seq)
             self.version, self.seen_seq, swapped = installed[1], seq, True
         while self.pending and self.pending[0][0] <= self.step:
             _, self.weights, self.version = self.pending.pop(0)

@@ -547,13 +547,14 @@ def test_device_batches_spread_rows_over_the_replicas():
         return [len(b) for b in got]
 
     assert sizes(10, 4, 1) == [4, 4, 2]
-    assert sizes(10, 4, 2) == [3, 3, 3, 1]
+    assert sizes(10, 4, 2) == [3, 3, 2, 2]
     assert sizes(32, 32, 2) == [16, 16]
     assert sizes(8, 8, 2) == [4, 4]
     assert sizes(3, 8, 2) == [2, 1]
-    assert sizes(1, 8, 2) == [1]
+    assert sizes(1, 8, 2) == [1]  # the second batch would be empty
     assert sizes(12, 4, 2) == [3, 3, 3, 3]
-    assert sizes(9, 2, 3) == [2, 2, 2, 2, 1]  # 5 batches needed -> 6 -> 2 rows each
+    assert sizes(9, 2, 3) == [2, 2, 2, 1, 1, 1]  # 5 batches needed -> 6
+    assert sizes(0, 4, 2) == [] and sizes(0, 4, 1) == []
 
 
 @pytest.fixture(scope="module")
@@ -581,7 +582,10 @@ def test_replicas_sample_the_tokens_of_one_device(sampler, replicated, models, m
     real = js.JaxSampler._to_generations
     monkeypatch.setattr(js.JaxSampler, "_to_generations", lambda self, prompts, state, p: (
         devices.append(state.tokens.devices()), real(self, prompts, state, p))[1])
-    two = flat(replicated.generate(PROMPTS, params, 3, weight_schedule=schedule))
+    # every input of a replica is put on its device explicitly: no implicit copy between
+    # devices (one would queue behind the other replica's work)
+    with jax.transfer_guard_device_to_device("disallow"):
+        two = flat(replicated.generate(PROMPTS, params, 3, weight_schedule=schedule))
     assert {"stop", "length"} == {g.finish_reason for g in one}
     for a, b in zip(one, two):
         np.testing.assert_array_equal(a.response_ids, b.response_ids)
@@ -590,10 +594,19 @@ def test_replicas_sample_the_tokens_of_one_device(sampler, replicated, models, m
         np.testing.assert_allclose(a.logp_mu, b.logp_mu, atol=TOL)
         np.testing.assert_allclose(a.entropy_mu, b.entropy_mu, atol=TOL)
     assert devices == [{jax.local_devices()[0]}, {jax.local_devices()[1]}] * 2
+    # The counters sum the 4 batches: requests sorted by prompt length, cut by
+    # _device_batches; a batch decodes until its longest row (token 0 is the prefill's)
+    # and swaps at steps 2 and 5 if it is still running there.
+    order = sorted(range(12), key=lambda r: len(PROMPTS[r // 3]))
+    longest = [max(len(one[order[r]].response_ids) for r in rows)
+               for rows in js._device_batches(12, 4, 2)]
     st = replicated.last_stats
     assert st["prefills"] == 4
+    assert st["decode_steps"] == sum(n - 1 for n in longest)
+    assert st["weight_swaps"] == sum((n > 2) + (n > 5) for n in longest)
     assert st["tokens_generated"] == sum(len(g.response_ids) for g in one)
     assert replicated.version == 0
+    assert replicated.generate([], params) == []
 
 
 def test_replicas_take_weights_installed_while_paused(replicated, models):

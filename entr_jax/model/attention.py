@@ -74,6 +74,8 @@ def _probs(qh, kh, mask, *, keys_last: bool = False):
 
 
 def _probs_values(probs, vh, dtype):
+    """``probs [B,K,G,S,T]`` (f32) times ``vh [B,K,T,hd]``, both cast to ``dtype`` ->
+    ``[B,K,G,S,hd]`` in ``dtype``."""
     return jnp.einsum("bkgst,bktd->bkgsd", probs.astype(dtype), vh.astype(dtype))
 
 
@@ -101,16 +103,22 @@ def _attend_vjp(qh, kh, vh, mask, dtype):
     score-sized operand is read in its own row-major layout and only the ``[T, hd]``
     results are transposed. Same products (float rounding aside): the softmax backward
     ``dS = P * (dP - sum_t dP * P) / sqrt(hd)`` on the unmasked scores, 0 on masked ones.
+    In bfloat16, ``dP`` is accumulated in f32 and ``dS`` is rounded to bf16 before its two
+    products, as the forward's ``P`` is; autodiff rounds at other places, so the two agree
+    to bf16 precision, not bit for bit. Reverse mode only (a ``custom_vjp``: no ``jvp``).
     """
     return _probs_values(_probs(qh, kh, mask), vh, dtype)
 
 
 def _attend_fwd(qh, kh, vh, mask, dtype):
+    """Forward of `_attend_vjp`; residuals: the inputs and the f32 ``P [B,K,G,S,T]``."""
     probs = _probs(qh, kh, mask)
     return _probs_values(probs, vh, dtype), (qh, kh, vh, mask, probs)
 
 
 def _attend_bwd(dtype, res, d_out):
+    """Backward of `_attend_vjp`: ``d_out [B,K,G,S,hd]`` -> cotangents of ``(qh, kh, vh,
+    mask)`` in their dtypes (None for the bool mask)."""
     qh, kh, vh, mask, probs = res
     d_out = d_out.astype(dtype)
     d_probs = jnp.einsum("bkgsd,bktd->bkgst", d_out, vh.astype(dtype),
