@@ -180,7 +180,7 @@ def main():
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--new-tokens", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=10,
-                        help="interleaved rounds (each times both engines once)")
+                        help="interleaved rounds (each times every engine once)")
     parser.add_argument("--skip-hf", action="store_true", help="only the JAX sampler")
     parser.add_argument("--devices", type=int, default=None,
                         help="replicas of the JAX sampler (JaxSamplerConfig.num_devices); on "
