@@ -271,8 +271,11 @@ def test_resumed_run_equals_an_uninterrupted_run_bit_for_bit(killed, uninterrupt
 def test_async_mode_with_two_processes_trains_each_share_once(root):
     """Real async mode (a sampler thread per process): staleness is measured, not
     reproducible, but every step still trains the one-process prompts, split."""
-    args = cli_args(root / "model", root / "async") + ["--staleness.mode", "async",
-                                                       "--staleness.max_staleness", "1"]
+    simulated_only = {"--staleness.inter_lag", "--staleness.intra_switches"}  # refused in async
+    args = cli_args(root / "model", root / "async")
+    args = [a for i, a in enumerate(args)
+            if a not in simulated_only and (i == 0 or args[i - 1] not in simulated_only)]
+    args += ["--staleness.mode", "async", "--staleness.max_staleness", "1"]
     for r in launch(args, root / "async_spy", -1, root / "jax_cache"):
         assert r.returncode == 0, r.stdout[-3000:]
     spies = [read_jsonl(root / f"async_spy.{k}.jsonl") for k in (0, 1)]
@@ -281,7 +284,9 @@ def test_async_mode_with_two_processes_trains_each_share_once(root):
         assert [prompts(s[n]) for s in spies] == [expected[n][:1], expected[n][1:]]
     rows = read_jsonl(root / "async" / "metrics.jsonl")
     assert [r["batch/id"] for r in rows] == list(range(STEPS))
-    assert all(r["staleness/inter_max"] <= 1 and r["batch/num_rows"] == 8.0 for r in rows)
+    # num_rows counts the rows of both processes (summed, as in the simulated runs above)
+    assert all(r["staleness/inter_max"] <= 1 for r in rows)
+    assert [r["batch/num_rows"] for r in rows] == [2.0 * TASK["samples_per_prompt"]] * STEPS
 
 
 def test_share_bounds_and_split():
