@@ -96,6 +96,28 @@ def cli_args(model_dir, run_dir) -> list[str]:
     return args
 
 
+def async_args(model_dir, run_dir) -> list[str]:
+    """`cli_args` for real async mode: the simulated-only staleness flags dropped (the
+    config refuses them there), a bound of 1 on the measured staleness."""
+    simulated_only = {"--staleness.inter_lag", "--staleness.intra_switches"}
+    args = cli_args(model_dir, run_dir)
+    args = [a for i, a in enumerate(args)
+            if a not in simulated_only and (i == 0 or args[i - 1] not in simulated_only)]
+    return args + ["--staleness.mode", "async", "--staleness.max_staleness", "1"]
+
+
+def test_launch_arguments_of_the_slow_tests_parse(tmp_path):
+    """The slow tests here (not in CI) launch `entr-run` with these flags; the config must
+    accept them, so a validation added later fails here, in the default suite, instead of
+    leaving a slow test to fail unnoticed (as the async one did after 59c3afc)."""
+    from experiments.run import parse
+
+    sim, _ = parse(cli_args(tmp_path / "model", tmp_path / "sim"))
+    assert (sim.staleness.mode, sim.staleness.inter_lag) == ("simulated", 1)
+    asy, _ = parse(async_args(tmp_path / "model", tmp_path / "async"))
+    assert (asy.staleness.mode, asy.staleness.max_staleness) == ("async", 1)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -271,11 +293,7 @@ def test_resumed_run_equals_an_uninterrupted_run_bit_for_bit(killed, uninterrupt
 def test_async_mode_with_two_processes_trains_each_share_once(root):
     """Real async mode (a sampler thread per process): staleness is measured, not
     reproducible, but every step still trains the one-process prompts, split."""
-    simulated_only = {"--staleness.inter_lag", "--staleness.intra_switches"}  # refused in async
-    args = cli_args(root / "model", root / "async")
-    args = [a for i, a in enumerate(args)
-            if a not in simulated_only and (i == 0 or args[i - 1] not in simulated_only)]
-    args += ["--staleness.mode", "async", "--staleness.max_staleness", "1"]
+    args = async_args(root / "model", root / "async")
     for r in launch(args, root / "async_spy", -1, root / "jax_cache"):
         assert r.returncode == 0, r.stdout[-3000:]
     spies = [read_jsonl(root / f"async_spy.{k}.jsonl") for k in (0, 1)]
