@@ -7,11 +7,12 @@ bucket), ``M <= P + N`` cache slots (the cache grows between chunks, `grow_cache
 vocabulary. Prompts are right-padded: row ``b`` holds its prompt at ``[0, len_b)``.
 Response token ``t`` (``t = 0, 1, ...``; "decode step t") of row ``b`` sits at position
 ``len_b + t``. Step 0 is sampled from the prefill logits at position ``len_b - 1``; step
-``t >= 1`` feeds token ``t - 1`` at position ``len_b + t - 1``. Everything that varies per request (lengths, sampling parameters, seed,
-stop set, max new tokens, weight version, the weights themselves) is a traced argument; the
-one static shape that varies inside a bucket is the cache's number of slots (at most
-``log2((P + N) / P) + 1`` sizes, `grow_cache`), so once a bucket has run its responses to
-full length nothing recompiles in it.
+``t >= 1`` feeds token ``t - 1`` at position ``len_b + t - 1``. Everything that varies per
+request (lengths, sampling parameters, seed, stop set, max new tokens, weight version, the
+weights themselves) is a traced argument; the one static shape that varies inside a
+bucket is the cache's number of slots (at most ``log2((P + N) / P) + 1`` sizes,
+`grow_cache`), so once a bucket has run its responses to full length nothing recompiles
+in it.
 """
 
 from __future__ import annotations

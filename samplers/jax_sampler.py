@@ -321,17 +321,18 @@ class JaxSampler:
         requests.sort(key=lambda r: len(prompt_arrays[r[0]]))
         self.last_stats = self._zero_stats()
         out: list[list[Generation | None]] = [[None] * num_samples for _ in prompt_arrays]
-        batches = _device_batches(len(requests), self.config.max_batch_size, len(self._devices))
-        placed: dict[Any, Any] = {}  # weights placed on the replicas (`_weights_on`)
-        for first in range(0, len(batches), len(self._devices)):
-            wave = [[requests[r] for r in rows]
-                    for rows in batches[first:first + len(self._devices)]]
+        replicas = [_Replica(device,
+                             [(s, jax.device_put(w, device), v) for s, w, v in schedule],
+                             jax.device_put(args, device)) for device in self._devices]
+        batches = _device_batches(len(requests), self.config.max_batch_size, len(replicas))
+        for first in range(0, len(batches), len(replicas)):
+            wave = [[requests[r] for r in rows] for rows in batches[first:first + len(replicas)]]
             with self._lock:  # one snapshot for the whole wave
                 installed, seq = self._installed, self._install_seq
             runs = [_BatchRun.start(self, [prompt_arrays[i] for i, _ in chunk], chunk,
-                                    replica, placed, schedule, installed, seq)
-                    for replica, chunk in enumerate(wave)]
-            for run, gens in zip(runs, self._run_wave(runs, params, args, filtered, new_bucket)):
+                                    replica, installed, seq)
+                    for replica, chunk in zip(replicas, wave)]
+            for run, gens in zip(runs, self._run_wave(runs, params, filtered, new_bucket)):
                 for (i, j), gen in zip(run.request_ids, gens):
                     out[i][j] = gen
         for key, value in self.last_stats.items():
@@ -377,27 +378,7 @@ class JaxSampler:
         filtered = p.top_k != -1 or p.top_p < 1.0 or p.min_p > 0.0
         return args, filtered, _pow2_at_least(p.max_new_tokens)
 
-    def _weights_on(self, weights: Any, replica: int, placed: dict,
-                    install_seq: int | None = None) -> Any:
-        """``weights`` on replica ``replica``'s device, placed once per call of `generate`
-        and shared by the batches of that replica. ``install_seq``: the weights are the
-        installed ones of that install counter; only the newest installed weights are
-        kept per replica (an async run installs new ones while `generate` runs), the
-        schedule's (None) for the whole call."""
-        device = self._devices[replica]
-        if device is None:
-            return weights
-        if install_seq is not None:
-            key = ("installed", replica)
-            if key not in placed or placed[key][0] != install_seq:
-                placed[key] = (install_seq, jax.device_put(weights, device))
-            return placed[key][1]
-        key = (id(weights), replica)
-        if key not in placed:
-            placed[key] = (weights, jax.device_put(weights, device))  # keeps id(weights) live
-        return placed[key][1]
-
-    def _run_wave(self, runs: list[_BatchRun], params: SamplingParams, args, filtered,
+    def _run_wave(self, runs: list[_BatchRun], params: SamplingParams, filtered,
                   new_bucket) -> list[list[Generation]]:
         """Prefill and decode the device batches ``runs`` (one per replica) to the end,
         each replica's work dispatched before any is waited for, so they run concurrently.
@@ -407,7 +388,7 @@ class JaxSampler:
         self._hold_if_paused()
         t0 = time.perf_counter()
         for run in runs:
-            run.prefill(self, args, new_bucket, filtered,
+            run.prefill(self, new_bucket, filtered,
                         min(1 + cfg.steps_per_call, params.max_new_tokens))
         for run in runs:
             run.sync(params.max_new_tokens)
@@ -470,25 +451,45 @@ def _device_batches(num_requests: int, max_batch_size: int, replicas: int) -> li
 
 
 @dataclasses.dataclass
+class _Replica:
+    """What one replica's batches share during a call of `JaxSampler.generate`: its
+    ``device`` (None: JAX's default placement; ``jax.device_put`` then leaves arrays as they
+    are and makes host arrays uncommitted), the weight ``schedule`` and the sampling ``args``
+    placed there once (every input of a replica lives on its device: an input on another
+    device is copied through that device's queue, which waits for the other replica's
+    work), and the installed weights placed there, ``installed = (install counter,
+    weights)``, replaced when a newer version is installed."""
+
+    device: Any
+    schedule: list
+    args: Any
+    installed: tuple[int, Any] | None = None
+
+    def weights(self, weights: Any, seq: int) -> Any:
+        """The installed ``weights`` of install counter ``seq`` on this replica's device."""
+        if self.installed is None or self.installed[0] != seq:
+            self.installed = (seq, jax.device_put(weights, self.device))
+        return self.installed[1]
+
+
+@dataclasses.dataclass
 class _BatchRun:
     """One device batch of `JaxSampler.generate` in flight on one replica.
 
     Attributes:
       prompts, request_ids: its rows' prompts and ``(prompt index, sample index)``.
-      replica: index into the sampler's devices; p_bucket: its prompt bucket.
+      replica: its `_Replica`; p_bucket: its prompt bucket.
       tokens, lens, row_ids, pad_rows: its device inputs (`jax_decode.prefill`).
       weights, version, seen_seq: the weights it decodes with (on its device), their
         version, and the sampler's install counter when they were taken.
-      pending: the rest of the weight schedule, already placed on its device.
-      placed: `generate`'s cache of weights placed on the replicas (`_weights_on`).
-      args: the `jax_decode.SamplingArgs` on its device.
-      state: its `jax_decode.DecodeState`; step, all_done: the host's copy of its progress;
-        active: it has steps left to decode.
+      pending: the rest of the weight schedule (on its device).
+      state: its `jax_decode.DecodeState`; step: the host's copy of its step; active: it
+        has steps left to decode.
     """
 
     prompts: list
     request_ids: list
-    replica: int
+    replica: _Replica
     p_bucket: int
     tokens: Any
     lens: Any
@@ -498,16 +499,13 @@ class _BatchRun:
     version: int
     seen_seq: int
     pending: list
-    placed: dict
-    args: Any = None
     state: Any = None
     step: int = 0
-    all_done: bool = False
     active: bool = True
 
     @classmethod
-    def start(cls, sampler: JaxSampler, prompts, request_ids, replica: int, placed: dict,
-              schedule, installed: tuple[Any, int], seq: int) -> _BatchRun:
+    def start(cls, sampler: JaxSampler, prompts, request_ids, replica: _Replica,
+              installed: tuple[Any, int], seq: int) -> _BatchRun:
         """Pads the batch to its buckets, puts it on its replica's device, and takes the
         weights to start with: ``installed`` (``(weights, version)`` of install counter
         ``seq``, one snapshot per wave), or the schedule's entry for step 0."""
@@ -523,37 +521,32 @@ class _BatchRun:
         row_ids = np.zeros((batch, 2), np.int32)
         row_ids[:rows] = np.asarray(request_ids, np.int32)
         pad_rows = np.arange(batch) >= rows
-        device = sampler._devices[replica]
-        put = jnp.asarray if device is None else functools.partial(jax.device_put, device=device)
-        weights, version = installed
-        pending = [(s, sampler._weights_on(w, replica, placed), v) for s, w, v in schedule]
+        tokens, lens, row_ids, pad_rows = (jax.device_put(x, replica.device)
+                                           for x in (tokens, lens, row_ids, pad_rows))
         run = cls(prompts=prompts, request_ids=request_ids, replica=replica, p_bucket=p_bucket,
-                  tokens=put(tokens), lens=put(lens), row_ids=put(row_ids),
-                  pad_rows=put(pad_rows),
-                  weights=sampler._weights_on(weights, replica, placed, seq),
-                  version=version, seen_seq=seq, pending=pending, placed=placed)
+                  tokens=tokens, lens=lens, row_ids=row_ids, pad_rows=pad_rows,
+                  weights=replica.weights(installed[0], seq), version=installed[1],
+                  seen_seq=seq, pending=list(replica.schedule))
         while run.pending and run.pending[0][0] <= 0:
             _, run.weights, run.version = run.pending.pop(0)
         return run
 
-    def prefill(self, sampler: JaxSampler, args, new_bucket: int, filtered: bool,
+    def prefill(self, sampler: JaxSampler, new_bucket: int, filtered: bool,
                 first_end: int) -> None:
         """Dispatches the prefill (samples response token 0)."""
-        device = sampler._devices[self.replica]
-        # every input on the replica's device: an input on another device is copied through
-        # that device's queue, which would wait for the other replica's work
-        self.args = args if device is None else jax.device_put(args, device)
         self.state = sampler._prefill(
-            self.weights, self.tokens, self.lens, self.pad_rows, self.row_ids, self.args,
+            self.weights, self.tokens, self.lens, self.pad_rows, self.row_ids, self.replica.args,
             np.int32(self.version), max_new_bucket=new_bucket,
             cache_len=_cache_slots(self.p_bucket, new_bucket, first_end),
             cache_dtype=sampler._dtype, filtered=filtered)
 
     def sync(self, max_new_tokens: int) -> int:
-        """Waits for the dispatched work; returns the decode steps it advanced."""
+        """Waits for the dispatched work (one transfer of its step and done flags); returns
+        the decode steps it advanced."""
         before = self.step
-        self.step, self.all_done = int(self.state.step), bool(jnp.all(self.state.done))
-        self.active = self.step < max_new_tokens and not self.all_done
+        step, done = jax.device_get((self.state.step, self.state.done))
+        self.step = int(step)
+        self.active = self.step < max_new_tokens and not done.all()
         return self.step - before
 
     def decode_chunk(self, sampler: JaxSampler, installed: tuple[Any, int], seq: int,
@@ -564,7 +557,7 @@ class _BatchRun:
         cfg = sampler.config
         swapped = False
         if seq != self.seen_seq:
-            self.weights = sampler._weights_on(installed[0], self.replica, self.placed, seq)
+            self.weights = self.replica.weights(installed[0], seq)
             self.version, self.seen_seq, swapped = installed[1], seq, True
         while self.pending and self.pending[0][0] <= self.step:
             _, self.weights, self.version = self.pending.pop(0)
@@ -584,5 +577,5 @@ class _BatchRun:
         if slots > state.cache.max_len:
             state = sampler._grow(state, length=slots)
         self.state = sampler._decode_chunk(self.weights, state, self.lens, self.row_ids,
-                                           self.args, np.int32(self.version), np.int32(end),
-                                           filtered=filtered)
+                                           self.replica.args, np.int32(self.version),
+                                           np.int32(end), filtered=filtered)

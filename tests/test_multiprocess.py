@@ -81,29 +81,24 @@ def bigram_model(path: pathlib.Path) -> pathlib.Path:
     return path
 
 
-def cli_args(model_dir, run_dir) -> list[str]:
-    """Flags of every launch: few steps, tiny batches, a pending batch at checkpoints
-    (inter lag 1), evaluation rows bucketed like the training rows (fewer compilations)."""
+def cli_args(model_dir, run_dir, *, staleness_mode: str = "simulated") -> list[str]:
+    """Flags of every launch: few steps, tiny batches, evaluation rows bucketed like the
+    training rows (fewer compilations); simulated staleness with a pending batch at
+    checkpoints (inter lag 1), or real async mode with the measured staleness bounded by 1
+    (the config refuses the simulated-only flags there)."""
     args = ["quickstart", "--model.path", str(model_dir), "--run_dir", str(run_dir),
             "--sft.steps", "0", "--rl_steps", str(STEPS), "--checkpoint.every", "2",
             "--checkpoint.keep", "5", "--token_samples_every", "2",
-            "--staleness.inter_lag", "1", "--staleness.intra_switches", "0",
             "--objective.name", "grpo", "--task.max_new_tokens", "4",
             "--task.max_total_tokens", "4", "--task.eval_examples", "2",
             "--task.eval_samples", "4"]
+    if staleness_mode == "simulated":
+        args += ["--staleness.inter_lag", "1", "--staleness.intra_switches", "0"]
+    else:
+        args += ["--staleness.mode", staleness_mode, "--staleness.max_staleness", "1"]
     for k, v in TASK.items():
         args += [f"--task.{k}", str(v)]
     return args
-
-
-def async_args(model_dir, run_dir) -> list[str]:
-    """`cli_args` for real async mode: the simulated-only staleness flags dropped (the
-    config refuses them there), a bound of 1 on the measured staleness."""
-    simulated_only = {"--staleness.inter_lag", "--staleness.intra_switches"}
-    args = cli_args(model_dir, run_dir)
-    args = [a for i, a in enumerate(args)
-            if a not in simulated_only and (i == 0 or args[i - 1] not in simulated_only)]
-    return args + ["--staleness.mode", "async", "--staleness.max_staleness", "1"]
 
 
 def test_launch_arguments_of_the_slow_tests_parse(tmp_path):
@@ -114,7 +109,7 @@ def test_launch_arguments_of_the_slow_tests_parse(tmp_path):
 
     sim, _ = parse(cli_args(tmp_path / "model", tmp_path / "sim"))
     assert (sim.staleness.mode, sim.staleness.inter_lag) == ("simulated", 1)
-    asy, _ = parse(async_args(tmp_path / "model", tmp_path / "async"))
+    asy, _ = parse(cli_args(tmp_path / "model", tmp_path / "async", staleness_mode="async"))
     assert (asy.staleness.mode, asy.staleness.max_staleness) == ("async", 1)
 
 
@@ -293,7 +288,7 @@ def test_resumed_run_equals_an_uninterrupted_run_bit_for_bit(killed, uninterrupt
 def test_async_mode_with_two_processes_trains_each_share_once(root):
     """Real async mode (a sampler thread per process): staleness is measured, not
     reproducible, but every step still trains the one-process prompts, split."""
-    args = async_args(root / "model", root / "async")
+    args = cli_args(root / "model", root / "async", staleness_mode="async")
     for r in launch(args, root / "async_spy", -1, root / "jax_cache"):
         assert r.returncode == 0, r.stdout[-3000:]
     spies = [read_jsonl(root / f"async_spy.{k}.jsonl") for k in (0, 1)]
