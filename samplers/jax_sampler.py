@@ -28,7 +28,7 @@ Design (see also `samplers.jax_decode` and `samplers.jax_sampling`):
   on its device, since one read from another device's queue would wait for that device's
   work. On CPU this is how the sampler uses more than one core: XLA:CPU runs the small
   matmuls of a decode step on one thread, while each host device runs its own program
-  (2-core Xeon, batch 32 of the benchmark model: 1.49x the tokens/s of one device,
+  (2-core Xeon, batch 32 of the benchmark model: 1.46-1.49x the tokens/s of one device,
   `docs/performance.md`).
   Weight swaps, the schedule and `pause` act at the same boundaries for all replicas.
   Each jitted function compiles once per device; ``stats`` sum over all device batches.
