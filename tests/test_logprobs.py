@@ -13,6 +13,7 @@ import pytest
 from entr_jax.logprobs import (
     LOGP_OUTSIDE_KEPT,
     chunked_logprobs_entropy,
+    logprobs_entropy_from_logits,
     naive_logprobs_entropy,
     token_logprobs_entropy,
 )
@@ -108,6 +109,29 @@ def test_one_hot_logits_zero_entropy_and_finite():
         assert bool(jnp.all(jnp.isfinite(logp))) and bool(jnp.all(jnp.isfinite(ent)))
         np.testing.assert_allclose(ent, [[0.0, 0.0, math.log(V), math.log(2.0)]], atol=TOL)
         np.testing.assert_allclose(logp, [[0.0, 0.0, -math.log(V), -math.log(2.0)]], atol=TOL)
+
+
+def test_entropy_counts_masked_entries_as_zero_bit_for_bit():
+    """The entropy's ``sum p * shifted`` skips ``-inf`` entries by raising them to the f32
+    minimum (``p = 0`` there): bit for bit the value of the explicit
+    ``where(isfinite(shifted), shifted, 0)`` form, on rows with and without masked entries."""
+    k1, k2 = jax.random.split(jax.random.key(3))
+    logits = 4.0 * jax.random.normal(k1, (6, 257), jnp.float32)
+    masked = jax.random.uniform(k2, (6, 257)) < jnp.array([0.0, 0.3, 0.9, 0.99, 0.5, 0.0])[:, None]
+    logits = jnp.where(masked, -jnp.inf, logits.at[:, 0].set(1.0))  # entry 0 never masked
+    targets = jnp.zeros((6,), jnp.int32)
+
+    def where_form(z):
+        shifted = z - jnp.max(z, axis=-1, keepdims=True)
+        e = jnp.exp(shifted)
+        lse = jnp.log(jnp.sum(e, axis=-1))
+        probs = e / jnp.exp(lse)[..., None]
+        return jnp.maximum(lse - jnp.sum(probs * jnp.where(jnp.isfinite(shifted), shifted, 0.0), axis=-1), 0.0)
+
+    _, ent = jax.jit(logprobs_entropy_from_logits)(logits, targets)
+    want = jax.jit(where_form)(logits)
+    assert bool(jnp.all(jnp.isfinite(ent))) and float(jnp.max(ent)) > 1.0
+    np.testing.assert_array_equal(np.asarray(ent), np.asarray(want))
 
 
 def test_gradients_match_naive(data):
