@@ -118,7 +118,7 @@ def test_entropy_counts_masked_entries_as_zero_bit_for_bit():
     k1, k2 = jax.random.split(jax.random.key(3))
     logits = 4.0 * jax.random.normal(k1, (6, 257), jnp.float32)
     masked = jax.random.uniform(k2, (6, 257)) < jnp.array([0.0, 0.3, 0.9, 0.99, 0.5, 0.0])[:, None]
-    logits = jnp.where(masked, -jnp.inf, logits.at[:, 0].set(1.0))  # entry 0 never masked
+    logits = jnp.where(masked, -jnp.inf, logits).at[:, 0].set(1.0)  # entry 0 never masked
     targets = jnp.zeros((6,), jnp.int32)
 
     def where_form(z):

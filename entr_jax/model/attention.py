@@ -30,8 +30,9 @@ Blocks and autodiff. The positions are cut into the blocks' segments once
 and value segments ``0..i``. Reverse-mode autodiff transposes a split into a
 concatenation and a concatenation into slices, so each segment's gradient is a sum of
 same-sized slices. Slicing ``k[:, :s1]`` per block instead transposes into a zero-padded
-full-length array per block, summed over the blocks: with 8 blocks, 8 full-length pads of
-dQ, dK and dV per layer (5% of the benchmark learner step's op time on a 2-core Xeon).
+full-length array per block, summed over the blocks: with 8 blocks, 22 full-length pads
+per layer (8 of dQ, 7 each of dK and dV; 5% of the benchmark learner step's op time on a
+2-core Xeon).
 """
 
 from __future__ import annotations
