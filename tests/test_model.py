@@ -1,6 +1,7 @@
 """Decoder core: masks, RoPE/RMSNorm goldens, KV-cache decode parity, dtypes, sharding."""
 
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from entr_jax.model import (
     LOGICAL_AXIS_RULES, Decoder, Llama3RopeScaling, ModelConfig, init_cache,
 )
-from entr_jax.model.layers import RMSNorm, apply_rope, rope_inv_freq
+from entr_jax.model.layers import RMSNorm, apply_rope, rope_cos_sin, rope_inv_freq
 
 F32_TOL = 1e-5
 
@@ -68,6 +69,36 @@ def test_rope_golden():
     c0, s0, c1, s1 = math.cos(3), math.sin(3), math.cos(0.3), math.sin(0.3)
     want = [1 * c0 - 3 * s0, 2 * c1 - 4 * s1, 3 * c0 + 1 * s0, 4 * c1 + 2 * s1]
     np.testing.assert_allclose(out, want, rtol=1e-5)
+
+
+def test_rope_table_equals_direct_cos_sin_bit_for_bit():
+    """`rope_cos_sin` read from a table of ``num_positions`` angles gives the values of
+    evaluating cos and sin at each position, bit for bit, left-padded rows included."""
+    inv = rope_inv_freq(ModelConfig("llama", 11, 16, 8, 1, 2, 2, 64, rope_theta=1e6))
+    positions = jnp.asarray(np.random.RandomState(0).randint(0, 4096, (3, 257)), jnp.int32)
+    positions = positions.at[0, :5].set(0).at[1].set(jnp.arange(257))
+    table = jax.jit(lambda p: rope_cos_sin(p, inv, num_positions=4096))(positions)
+    direct = jax.jit(lambda p: rope_cos_sin(p, inv))(positions)
+    for got, want in zip(table, direct):
+        assert got.shape == (3, 257, 1, 64) and got.dtype == jnp.float32
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    np.testing.assert_allclose(direct[0][1, 5, 0, :32], np.cos(5 * inv), rtol=1e-6)
+
+
+def test_full_forward_backward_evaluates_rope_once_per_position(model, batch):
+    """In the compiled value and gradient of the full forward, cos and sin are evaluated
+    on at most ``L * hd / 2`` angles (the table), not once per row, head or layer inside
+    the fusions that rotate queries and keys (6% of the benchmark learner step)."""
+    ids, mask = batch
+    graphdef, params = nnx.split(model)
+
+    def loss(p):
+        return jnp.sum(nnx.merge(graphdef, p).hidden_states(ids, mask) ** 2)
+
+    hlo = jax.jit(jax.grad(loss)).lower(params).compile().as_text()
+    sizes = [int(np.prod([int(d) for d in m.group(1).split(",")]))
+             for m in re.finditer(r"= f32\[([\d,]+)\]\{[^}]*\} (?:cosine|sine)\(", hlo)]
+    assert sizes and max(sizes) <= ids.shape[1] * CFG.head_dim // 2, sizes
 
 
 def test_llama3_inv_freq_bands():

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from entr_jax.model.config import ModelConfig
-from entr_jax.model.layers import _INIT, Block, RMSNorm, _part
+from entr_jax.model.layers import _INIT, Block, RMSNorm, _part, rope_cos_sin, rope_inv_freq
 from entr_jax.model.matmul import matmul
 
 
@@ -120,9 +120,11 @@ class Decoder(nnx.Module):
             )
         valid = attention_mask.astype(jnp.bool_)
         positions = jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
+        # Positions lie in [0, length): the rotary cos/sin come from a table of that size.
+        rope = rope_cos_sin(positions, rope_inv_freq(self.config), num_positions=length)
         x = self._embed(input_ids)
         for layer in self.layers:
-            x = layer(x, positions, valid)
+            x = layer(x, rope, valid)
         return self.final_norm(x)
 
     def lm_logits(self, hidden: jax.Array) -> jax.Array:
