@@ -64,15 +64,16 @@ def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray,
     halves (rotate-half layout); the angles are the f32 products ``float(p) * w_i``.
 
     With ``num_positions`` (a static int; every position must lie in ``[0,
-    num_positions)``, which the caller guarantees), cos and sin are evaluated once on a
-    ``[num_positions, hd / 2]`` table of the same angles and looked up, so the fusions that
-    rotate queries and keys (forward and backward, every layer) read them instead of
-    evaluating cos and sin again for every head and element (6% of the benchmark learner
-    step's op time on a 2-core Xeon). The values equal the direct ones bit for bit; the
-    model's forward did too in the tests, while its gradients moved at float rounding (XLA
-    fuses the rotation's products differently; 1.9e-6 at most on a tiny model's gradient).
-    Without it (decode, where positions follow the cache) they are evaluated at
-    ``positions`` directly.
+    num_positions)``, which the caller guarantees), they are taken from a ``[num_positions,
+    hd / 2]`` table of the same angles by position, once per call: XLA fuses the table's
+    cos and sin into that lookup (so they are evaluated once per ``[B, S, hd]`` output
+    element), and the fusions that rotate queries and keys (forward and backward, every
+    layer) read the result instead of evaluating cos and sin again for every head and
+    element (6% of the benchmark learner step's op time on a 2-core Xeon). The values equal
+    the direct ones bit for bit; the model's forward did too in the tests, while its
+    gradients moved at float rounding (XLA fuses the rotation's products differently;
+    1.9e-6 at most on a tiny model's gradient). Without it (decode, where positions follow
+    the cache) they are evaluated at ``positions`` directly.
     """
     inv = jnp.asarray(inv_freq)
     if num_positions is None:
