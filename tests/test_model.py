@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from entr_jax.model import (
     LOGICAL_AXIS_RULES, Decoder, Llama3RopeScaling, ModelConfig, init_cache,
 )
-from entr_jax.model.layers import RMSNorm, apply_rope, rope_cos_sin, rope_inv_freq
+from entr_jax.model.layers import RMSNorm, rope_cos_sin, rope_inv_freq, rope_rotate
 
 F32_TOL = 1e-5
 
@@ -65,7 +65,7 @@ def test_rope_golden():
     np.testing.assert_allclose(inv, [1.0, 0.1], rtol=1e-6)
     x = jnp.array([1.0, 2.0, 3.0, 4.0]).reshape(1, 1, 1, 4)
     p = 3
-    out = apply_rope(x, jnp.array([[p]]), inv).reshape(4)
+    out = rope_rotate(x, *rope_cos_sin(jnp.array([[p]]), inv)).reshape(4)
     c0, s0, c1, s1 = math.cos(3), math.sin(3), math.cos(0.3), math.sin(0.3)
     want = [1 * c0 - 3 * s0, 2 * c1 - 4 * s1, 3 * c0 + 1 * s0, 4 * c1 + 2 * s1]
     np.testing.assert_allclose(out, want, rtol=1e-5)

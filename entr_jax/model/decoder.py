@@ -157,10 +157,11 @@ class Decoder(nnx.Module):
                 f"{self.config.num_layers} layers of batch {input_ids.shape[0]}"
             )
         positions = positions.astype(jnp.int32)
+        rope = rope_cos_sin(positions, rope_inv_freq(self.config))  # positions follow the cache
         x = self._embed(input_ids)
         new_k, new_v = [], []
         for layer, ck, cv in zip(self.layers, cache.k, cache.v):
-            x, ck, cv = layer.decode(x, positions, ck, cv)
+            x, ck, cv = layer.decode(x, positions, rope, ck, cv)
             new_k.append(ck)
             new_v.append(cv)
         logits = self.lm_logits(self.final_norm(x))

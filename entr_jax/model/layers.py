@@ -64,16 +64,13 @@ def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray,
     halves (rotate-half layout); the angles are the f32 products ``float(p) * w_i``.
 
     With ``num_positions`` (a static int; every position must lie in ``[0,
-    num_positions)``, which the caller guarantees), they are taken from a ``[num_positions,
-    hd / 2]`` table of the same angles by position, once per call: XLA fuses the table's
-    cos and sin into that lookup (so they are evaluated once per ``[B, S, hd]`` output
-    element), and the fusions that rotate queries and keys (forward and backward, every
-    layer) read the result instead of evaluating cos and sin again for every head and
-    element (6% of the benchmark learner step's op time on a 2-core Xeon). The values equal
-    the direct ones bit for bit; the model's forward did too in the tests, while its
-    gradients moved at float rounding (XLA fuses the rotation's products differently;
-    1.9e-6 at most on a tiny model's gradient). Without it (decode, where positions follow
-    the cache) they are evaluated at ``positions`` directly.
+    num_positions)``, which the caller guarantees) they are looked up by position in a
+    ``[num_positions, hd / 2]`` table of the same angles: the same values bit for bit, made
+    once per call, so the fusions that rotate each layer's queries and keys (forward and
+    backward) read them instead of evaluating cos and sin per head and element (XLA fuses
+    the table's cos and sin into the lookup itself; 6% of the benchmark learner step's op
+    time on a 2-core Xeon). Without it (decode, where positions follow the cache) they are
+    evaluated at ``positions`` directly.
     """
     inv = jnp.asarray(inv_freq)
     if num_positions is None:
@@ -93,11 +90,6 @@ def rope_rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
     return (xf * cos + rotated * sin).astype(x.dtype)
-
-
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
-    """Rotates ``x [B, S, N, hd]`` by ``positions [B, S]`` (int); math in f32, returns x.dtype."""
-    return rope_rotate(x, *rope_cos_sin(positions, inv_freq))
 
 
 class RMSNorm(nnx.Module):
@@ -132,7 +124,6 @@ class Attention(nnx.Module):
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
         c = config
         d, h, k, hd = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
-        self.config = c
         self.num_heads, self.num_kv_heads, self.head_dim, self.dtype = h, k, hd, dtype
         bias = c.attention_bias
         self.q_proj = _linear(d, h * hd, ("embed", "heads"), bias, rngs, dtype, param_dtype)
@@ -164,14 +155,15 @@ class Attention(nnx.Module):
         q, k, v = self.qkv(x, rope)
         return self.o_proj(causal_attend(q, k, v, valid, self.dtype))
 
-    def decode(self, x, positions, cache_k, cache_v):
+    def decode(self, x, positions, rope, cache_k, cache_v):
         """Writes the new K/V at slot = position, attends to slots ``<= position``.
 
-        ``x [B,S,D]``, ``positions [B,S]`` int32, ``cache_k [B,K,hd,M]``, ``cache_v
-        [B,K,M,hd]`` (`entr_jax.model.decoder.KVCache`); returns ``(out [B,S,D], cache_k,
-        cache_v)``. Positions ``>= M`` are dropped from the write.
+        ``x [B,S,D]``, ``positions [B,S]`` int32, ``rope`` (`rope_cos_sin` of the
+        positions), ``cache_k [B,K,hd,M]``, ``cache_v [B,K,M,hd]``
+        (`entr_jax.model.decoder.KVCache`); returns ``(out [B,S,D], cache_k, cache_v)``.
+        Positions ``>= M`` are dropped from the write.
         """
-        q, k, v = self.qkv(x, rope_cos_sin(positions, rope_inv_freq(self.config)))
+        q, k, v = self.qkv(x, rope)
         rows = jnp.arange(x.shape[0], dtype=jnp.int32)[:, None]
         rows = jnp.broadcast_to(rows, positions.shape)
         # Index [rows, :, :, positions] of [B, K, hd, M] and [rows, :, positions] of
@@ -212,7 +204,8 @@ class Block(nnx.Module):
         h = x + self.attn(self.input_norm(x), rope, valid)
         return h + self.mlp(self.post_attn_norm(h))
 
-    def decode(self, x, positions, cache_k, cache_v):
-        a, cache_k, cache_v = self.attn.decode(self.input_norm(x), positions, cache_k, cache_v)
+    def decode(self, x, positions, rope, cache_k, cache_v):
+        a, cache_k, cache_v = self.attn.decode(self.input_norm(x), positions, rope, cache_k,
+                                               cache_v)
         h = x + a
         return h + self.mlp(self.post_attn_norm(h)), cache_k, cache_v
