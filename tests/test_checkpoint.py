@@ -42,9 +42,11 @@ def _batches(k, n=8):
 BATCHES = [_batches(k) for k in range(4)]
 
 
-@pytest.fixture(scope="module")
-def learner(tmp_path_factory):
-    root = tmp_path_factory.mktemp("learner")
+@pytest.fixture
+def learner(tmp_path):
+    """A fresh learner per test, with its own checkpoint and log directories: no test
+    depends on another's checkpoints or steps, so any order or split across workers holds."""
+    root = tmp_path / "learner"
     config = LearnerConfig(
         mesh=MeshConfig(data=2, fsdp=4), optimizer=OptimizerConfig(learning_rate=1e-2, warmup_steps=1),
         num_microbatches=2, chunk_size=8, max_consecutive_nonfinite=2,
@@ -92,44 +94,47 @@ def test_resume_is_bitwise_identical(learner):
 def test_corrupt_newest_falls_back_and_keep_last_n(learner):
     lrn, root = learner
     ckpt = lrn.checkpoint
-    for k in range(3):  # steps 5, 6, 7 saved; max_to_keep=2 keeps 6 and 7
+    for k in range(3):  # steps 1, 2, 3 saved; max_to_keep=2 keeps 2 and 3
         _run(lrn, BATCHES[k:k + 1])
         lrn.save(data_state={"k": k})
         ckpt.wait()
-    assert ckpt.all_steps() == [6, 7]
+    assert ckpt.all_steps() == [2, 3]
     # a crashed save leaves only an orbax temporary directory: never listed as a step
-    (root / "ckpt" / "8.orbax-checkpoint-tmp-123").mkdir()
+    (root / "ckpt" / "4.orbax-checkpoint-tmp-123").mkdir()
     # corrupt the newest: delete every array data file of its params item
-    data_files = [p for p in (root / "ckpt" / "7" / "params").rglob("*")
+    data_files = [p for p in (root / "ckpt" / "3" / "params").rglob("*")
                   if p.is_file() and p.parent.name == "d"]
     assert data_files
     for p in data_files:
         p.unlink()
     with pytest.warns(CheckpointFallbackWarning) as caught:
         items = lrn.restore_latest()
-    assert items["step"] == 6 and items["data_state"] == {"k": 1}
-    assert items["path"] == str(root / "ckpt" / "6")
-    assert int(lrn.state.step) == 6
+    assert items["step"] == 2 and items["data_state"] == {"k": 1}
+    assert items["path"] == str(root / "ckpt" / "2")
+    assert int(lrn.state.step) == 2
     # one line with the path; the orbax error in full goes to the log
     (w,) = caught
     text = str(w.message)
     # the error's first line is cut at 400 characters; the rest is two paths
     assert "\n" not in text and len(text) < 500 + 2 * len(str(root / "ckpt_restore.log"))
-    assert text.startswith(f"checkpoint step 7 at {root / 'ckpt' / '7'} cannot be restored (")
-    assert text.endswith(f"); falling back to step 6 (details: {root / 'ckpt_restore.log'})")
+    assert text.startswith(f"checkpoint step 3 at {root / 'ckpt' / '3'} cannot be restored (")
+    assert text.endswith(f"); falling back to step 2 (details: {root / 'ckpt_restore.log'})")
     assert "Traceback (most recent call last)" in (root / "ckpt_restore.log").read_text()
-    # the unrestorable step is kept aside, so orbax can save step 7 again
-    assert (root / "ckpt_unrestorable" / "7" / "params").is_dir()
-    assert ckpt.all_steps() == [6]
+    # the unrestorable step is kept aside, so orbax can save step 3 again
+    assert (root / "ckpt_unrestorable" / "3" / "params").is_dir()
+    assert ckpt.all_steps() == [2]
     _run(lrn, BATCHES[2:3])
     assert lrn.save(data_state={"k": 2})
     ckpt.wait()
-    assert ckpt.all_steps() == [6, 7]
-    shutil.rmtree(root / "ckpt" / "8.orbax-checkpoint-tmp-123")
+    assert ckpt.all_steps() == [2, 3]
+    shutil.rmtree(root / "ckpt" / "4.orbax-checkpoint-tmp-123")
 
 
 def test_no_restorable_checkpoint_is_one_line_naming_the_log(learner, tmp_path):
     lrn, root = learner
+    for k in range(2):  # steps 1 and 2 saved
+        _run(lrn, BATCHES[k:k + 1])
+        assert lrn.save(data_state={"k": k})
     lrn.checkpoint.wait()
     shutil.copytree(root / "ckpt", tmp_path / "ckpt")
     for p in (tmp_path / "ckpt").rglob("*"):
@@ -138,12 +143,12 @@ def test_no_restorable_checkpoint_is_one_line_naming_the_log(learner, tmp_path):
     log = tmp_path / "logs" / "checkpoint.log"
     mgr = CheckpointManager(tmp_path / "ckpt", max_to_keep=2, log_file=log)
     steps = mgr.all_steps()
-    assert len(steps) == 2
-    with pytest.warns(CheckpointFallbackWarning, match=f"step {steps[1]} at "):
+    assert steps == [1, 2]
+    with pytest.warns(CheckpointFallbackWarning, match="step 2 at "):
         with pytest.raises(CheckpointRestoreError) as exc:
             mgr.restore_latest(lrn.state, lrn.shardings)
     assert str(exc.value) == (f"no checkpoint in {tmp_path / 'ckpt'} can be restored (tried "
-                              f"steps {steps[1]}, {steps[0]}); details: {log}")
+                              f"steps 2, 1); details: {log}")
     assert log.read_text().count("Traceback (most recent call last)") == 2
     assert mgr.all_steps() == steps  # nothing moved when nothing could be restored
     mgr.close()
