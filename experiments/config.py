@@ -195,6 +195,15 @@ class SamplerSpec:
         units) on the sampler's logits, seeded per token. The learner never sees it;
         ``logp_mu``/``entropy_mu`` describe the perturbed distribution that sampled, so the
         importance ratio carries the mismatch. 0 = off.
+      num_devices: ``jax`` only: data-parallel replicas of the embedded sampler
+        (`samplers.jax_sampler.JaxSamplerConfig.num_devices`), each on one of this
+        process's local devices with its own copy of the weights; the rollout batch is
+        spread over them. -1 = every local device (e.g. the 8 GPUs of a node whose learner
+        mesh spans them); 1 (default) = the default device. The tokens, versions and
+        finish reasons are those of one device; ``logp_mu``/``entropy_mu`` agree to float
+        rounding (other batch shapes). On CPU, JAX shows one device unless the process
+        starts with ``XLA_FLAGS=--xla_force_host_platform_device_count=N``, and the
+        learner mesh then tiles those N devices too (``learner.mesh``).
     """
 
     kind: Literal["jax", "sglang"] = "jax"
@@ -205,6 +214,7 @@ class SamplerSpec:
     max_batch_size: int = 256
     min_prompt_bucket: int = 8
     logit_noise_std: float = 0.0
+    num_devices: int = 1
 
     def __post_init__(self):
         if self.kind not in ("jax", "sglang"):
@@ -222,6 +232,11 @@ class SamplerSpec:
         _require(self.kind == "jax" or self.logit_noise_std == 0, "sampler.logit_noise_std",
                  self.logit_noise_std, "0 with sampler.kind='sglang' (synthetic noise exists "
                  "only in the embedded sampler)")
+        _require(self.num_devices == -1 or self.num_devices >= 1, "sampler.num_devices",
+                 self.num_devices, "-1 (every local device) or >= 1")
+        _require(self.kind == "jax" or self.num_devices == 1, "sampler.num_devices",
+                 self.num_devices, "1 with sampler.kind='sglang' (replicas are the embedded "
+                 "sampler's; a fleet has its servers)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -341,7 +341,10 @@ class Job:
             config=JaxSamplerConfig(max_batch_size=min(cfg.sampler.max_batch_size, rows),
                                     min_prompt_bucket=cfg.sampler.min_prompt_bucket,
                                     dtype=cfg.model.sampler_dtype,
-                                    logit_noise_std=cfg.sampler.logit_noise_std),
+                                    logit_noise_std=cfg.sampler.logit_noise_std,
+                                    num_devices=(len(jax.local_devices())
+                                                 if cfg.sampler.num_devices == -1
+                                                 else cfg.sampler.num_devices)),
         )
 
     def generate(self, batch_id: int) -> ro.RolloutBatch:

@@ -3,7 +3,8 @@ the run is made first), each raising one error that names the field or the file.
 
 * `check_run_dir`: every path component within the file system's ``NAME_MAX``; the
   directory (or its nearest existing parent) is writable.
-* `check_devices`: the learner mesh tiles the devices of this process group.
+* `check_devices`: the learner mesh tiles the devices of this process group; the sampler's
+  replicas fit its local devices.
 * `read_model_config`: ``config.json`` of the model directory exists, is JSON and is a
   supported architecture (the message names the file).
 * `check_task`: enough training examples for a batch, non-empty evaluation sets, and the
@@ -87,12 +88,22 @@ def check_run_dir(path: str | os.PathLike, field: str = "run_dir") -> None:
 
 
 def check_devices(cfg: RunConfig) -> None:
-    """The mesh ``learner.mesh`` must tile ``jax.device_count()`` devices.
+    """The mesh ``learner.mesh`` must tile ``jax.device_count()`` devices, and the embedded
+    sampler's ``sampler.num_devices`` replicas must fit this process's local devices.
 
     Raises:
-      ConfigError: naming ``learner.mesh``, its shape and the device count.
+      ConfigError: naming ``learner.mesh`` or ``sampler.num_devices``, the value and the
+        device count.
     """
     import jax
+
+    local = jax.local_devices()
+    if cfg.sampler.kind == "jax" and cfg.sampler.num_devices > len(local):
+        hint = (" (on CPU, start the process with XLA_FLAGS=--xla_force_host_platform_device_"
+                f"count={cfg.sampler.num_devices})" if local[0].platform == "cpu" else "")
+        raise ConfigError(
+            f"sampler.num_devices={cfg.sampler.num_devices} but this process has "
+            f"{len(local)} local {local[0].platform} device(s){hint}; -1 takes them all")
 
     mesh = cfg.learner.mesh
     n = jax.device_count()

@@ -17,7 +17,9 @@ from entr_jax.model import Decoder, ModelConfig, save_pretrained
 from entr_jax.staleness import StalenessConfig
 from experiments import run as cli
 from experiments.configs import QUICKSTART
+from experiments.errors import ConfigError
 from experiments.loop import Job, RunExistsError
+from experiments.preflight import check_devices
 from learners.logging import LoggingConfig
 from tests.wandb_history import offline_env, read_run
 
@@ -271,6 +273,8 @@ _SGLANG = ["--sampler.kind", "sglang", "--sampler.server_urls", "http://127.0.0.
     (["--verifier.num_workers", "0"], "verifier.num_workers"),
     (["--verifier.timeout_s", "0"], "verifier.timeout_s"),
     (["--staleness.switch_window", "13"], "staleness.switch_window"),
+    (["--sampler.num_devices", "0"], "sampler.num_devices"),
+    (_SGLANG + ["--sampler.num_devices", "2"], "sampler.num_devices"),
 ])
 def test_bad_config_fails_before_any_work_naming_the_field(args, field, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -663,3 +667,33 @@ def test_sft_schedule_cosine_decays_the_warm_start_learning_rate_to_zero():
     # cosine over the 90 steps after warmup: at step 55 half-way, 0.5 * (1 + cos(pi/2))
     assert [float(cos(s)) for s in (5, 10, 55, 100)] == pytest.approx(
         [5e-4, 1e-3, 5e-4, 0.0], abs=1e-9)
+
+
+def test_sampler_replicas_sample_the_tokens_of_one_device(reference, small_model_dir, tmp_path):
+    """``sampler.num_devices=-1`` spreads the rollouts over every local device (8 here: the
+    6 rows of a step in 6 device batches): the samples of the starting weights are the
+    single-device run's token for token (same weights, same seeds), and every other
+    figure agrees to float rounding (log-probs from other batch shapes)."""
+    ref_dir, ref_job, _ = reference
+    job, _ = run(small_config(small_model_dir, tmp_path / "replicas",
+                              sampler=dataclasses.replace(QUICKSTART.sampler, num_devices=-1)))
+    assert job.sampler.config.num_devices == len(jax.local_devices()) == 8
+    assert ref_job.sampler.config.num_devices == 1
+    too_many = small_config(small_model_dir, tmp_path / "never",
+                            sampler=dataclasses.replace(QUICKSTART.sampler, num_devices=9))
+    with pytest.raises(ConfigError, match=r"^sampler.num_devices=9 but this process has 8 "
+                                          r"local cpu device\(s\) \(on CPU, start"):
+        check_devices(too_many)
+    ref, rep = metrics(ref_dir), metrics(tmp_path / "replicas")
+    assert [r["step"] for r in ref] == [r["step"] for r in rep]
+    tokens = [k for k in ref[0] if k.startswith(("reward/", "response/", "batch/num_loss_tokens"))]
+    assert len(tokens) == 8
+    first = [i for i, r in enumerate(ref) if r["batch/generation_version"] == 0]
+    assert first == [0, 1]  # inter_lag 1: two batches of the starting weights
+    for i in first:
+        for key in tokens:
+            assert ref[i][key] == rep[i][key], (i, key)
+    for a, b in zip(ref, rep):
+        for key, value in a.items():
+            if isinstance(value, float) and not key.startswith("time/"):
+                assert b[key] == pytest.approx(value, rel=1e-4, abs=1e-5), (a["step"], key)
