@@ -21,6 +21,11 @@ Prints one JSON object. Per objective (a jitted ``value_and_grad`` at ``[B, T]``
     python benchmarks/objectives.py --batch 64 --length 4096 --repeats 30
     python benchmarks/objectives.py --only entr,grpo_token_mean --repeats 20   # quick
 
+``--split`` also times, in the same rounds, each objective's gradient of the loss alone
+(``jax.grad`` of ``objective(...)[0]``: the metrics are unused, so the compiler drops
+them), as ``results[name]["loss_grad_only"]`` with its paired ratios: what the loss and
+its gradient cost apart from the metric contract.
+
 ``--step`` adds the figure that matters for training: the time of a whole learner step
 (tiny model forward + backward + AdamW, `learners.learner.Learner`) with ``entr`` against
 ``grpo`` (same aggregation), same batch, timed alternately, reported the same way.
@@ -134,6 +139,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--only", default="", help="comma-separated objectives (references always run)")
+    p.add_argument("--split", action="store_true",
+                   help="also time the gradient of the loss alone (metrics dropped)")
     p.add_argument("--step", action="store_true", help="also time whole learner steps")
     p.add_argument("--step-rows", type=int, default=16)
     p.add_argument("--step-length", type=int, default=256)
@@ -149,6 +156,10 @@ def main() -> None:
     for f in fns.values():
         jax.block_until_ready(f(logp_pi, batch))
     calls = {n: (lambda f=f: jax.block_until_ready(f(logp_pi, batch))) for n, f in fns.items()}
+    if args.split:
+        for n, f in objs.items():
+            g = jax.jit(jax.grad(lambda lp, b, f=f: f(lp, b)[0]))
+            calls[f"{n}/loss_grad_only"] = lambda g=g: jax.block_until_ready(g(logp_pi, batch))
     times, cpu, load = interleaved(calls, args.repeats, args.warmup)
     cost = {n: hlo_cost(g, logp_pi, batch) for n, g in grads.items()}
     results = {}
@@ -157,6 +168,11 @@ def main() -> None:
         for ref in REFERENCES:
             r[f"ratio_to_{ref}"] = paired_ratio(times[n], times[ref])
             r[f"cpu_ratio_to_{ref}"] = paired_ratio(cpu[n], cpu[ref])
+        if args.split:
+            key = f"{n}/loss_grad_only"
+            r["loss_grad_only"] = {"ms": spread(times[key]), **{
+                f"ratio_to_{ref}": paired_ratio(times[key], times[f"{ref}/loss_grad_only"])
+                for ref in REFERENCES}}
         r["hlo"] = dict(cost[n])
         for ref in REFERENCES:
             r["hlo"][f"ratio_to_{ref}"] = {k: round(v / max(cost[ref][k], 1.0), 4) for k, v in cost[n].items()}
@@ -178,6 +194,9 @@ def main() -> None:
             "hlo": results["entr"]["hlo"]["ratio_to_grpo_token_mean"],
             "load_1m": out["load_1m"],
         }
+        if args.split:
+            out["entr_over_grpo_token_mean"]["loss_grad_only_paired_ratio"] = (
+                results["entr"]["loss_grad_only"]["ratio_to_grpo_token_mean"])
     if args.step:
         out["learner_step"] = learner_step_ratio(args.step_rows, args.step_length,
                                                  args.step_repeats, args.warmup)
