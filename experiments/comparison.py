@@ -255,8 +255,8 @@ def check_runs(spec: dict[str, Any], runs: Iterable[Any],
     ``configs`` maps run names to their written ``config.json`` (the truth of a run that
     has started); other runs are resolved from their overrides. A written config that
     predates a field (runs stored before the field was added) is read onto the preset
-    (`RunConfig.with_saved`), so that field takes the preset's value for every method
-    alike instead of showing as a difference: the runs of one sweep ran the same code."""
+    (`RunConfig.with_saved`), so that field takes its default, what those runs ran with,
+    for every method alike instead of showing as a difference."""
     from experiments.configs import PRESETS
 
     base, methods = parse_methods(spec)

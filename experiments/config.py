@@ -197,10 +197,14 @@ class SamplerSpec:
         importance ratio carries the mismatch. 0 = off.
       num_devices: ``jax`` only: data-parallel replicas of the embedded sampler
         (`samplers.jax_sampler.JaxSamplerConfig.num_devices`), each on one of this
-        process's local devices with its own copy of the weights; the rollout batch is
-        spread over them. -1 = every local device (e.g. the 8 GPUs of a node whose learner
-        mesh spans them); 1 (default) = the default device. The tokens, versions and
-        finish reasons are those of one device; ``logp_mu``/``entropy_mu`` agree to float
+        process's local devices with a full copy of the weights and its own KV cache; the
+        rollout batch is spread over them. 1 (default) = no replicas: one program, placed
+        where the published weights are, i.e. with the learner's sharding (on a
+        multi-device learner mesh XLA partitions the sampler's computation over it).
+        -1 = every local device (e.g. the 8 GPUs of a node); it is saved as -1 in
+        ``config.json`` and resolved per process at start. The tokens, versions and finish
+        reasons agree with the default's (a token can differ only where its uniform falls
+        within float rounding of a CDF boundary); ``logp_mu``/``entropy_mu`` agree to float
         rounding (other batch shapes). On CPU, JAX shows one device unless the process
         starts with ``XLA_FLAGS=--xla_force_host_platform_device_count=N``, and the
         learner mesh then tiles those N devices too (``learner.mesh``).
@@ -509,13 +513,36 @@ class RunConfig:
     def with_saved(self, saved: dict[str, Any]) -> "RunConfig":
         """This config with the values of a saved ``config.json`` (`to_json`'s dict): the
         run's own configuration, rebuilt on this config's typed structure (nested sections
-        recursively, JSON lists back to tuples); fields the file lacks (added since) keep
-        this config's values. Validation runs again.
+        recursively, JSON lists back to tuples); fields the file lacks (added since) take
+        their defaults (`with_field_defaults`), which is what the run ran with. Validation
+        runs again.
 
         Raises:
           ConfigError: a saved field this version does not have (named, dotted).
         """
-        return _with_saved(self, saved, "")
+        return _with_saved(self, with_field_defaults(saved), "")
+
+
+def with_field_defaults(saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved ``config.json`` dict completed with the defaults of the fields it lacks.
+
+    A run whose ``config.json`` predates a field ran with the behaviour that field's
+    default keeps (a field is added with the default that reproduces the code before it),
+    so every comparison of a stored config with a current one (resume, sweep reuse,
+    comparison checks) reads it through this function: the field then shows as a
+    difference only when the new value is not its default. Fields this version does not
+    know are kept (they stay a difference). The input is not modified.
+    """
+    def fill(tree: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+        out = dict(tree)
+        for key, value in defaults.items():
+            if key not in out:
+                out[key] = value
+            elif isinstance(value, dict) and isinstance(out[key], dict):
+                out[key] = fill(out[key], value)
+        return out
+
+    return fill(saved, json.loads(RunConfig().to_json()))
 
 
 def _with_saved(current: Any, saved: dict[str, Any], prefix: str) -> Any:

@@ -21,6 +21,7 @@ import sys
 import time
 from typing import Any, Literal
 
+from experiments.config import with_field_defaults
 from experiments.errors import ResumeRefused
 from experiments.rundir import RunDir
 
@@ -107,7 +108,9 @@ def plan_resume(run: RunDir, config_json: str, override: bool = False) -> Resume
       ResumeRefused: a result-changing difference without ``override``; any
         result-changing difference for a finished run; a run with checkpoints but no
         ``config.json`` to compare with (without ``override``). The message lists the
-        differing fields as ``field: old -> new``.
+        differing fields as ``field: old -> new``. A field the saved ``config.json`` lacks
+        (it predates the field) compares as its default
+        (`experiments.config.with_field_defaults`).
     """
     if not (run.is_finished() or run.has_checkpoint()):
         return ResumePlan("fresh")
@@ -125,6 +128,8 @@ def plan_resume(run: RunDir, config_json: str, override: bool = False) -> Resume
         except json.JSONDecodeError as e:
             raise ResumeRefused(f"cannot resume {run.path}: {saved_path} is not valid JSON "
                                 f"({e.msg}, line {e.lineno})") from None
+    if saved:  # a config.json from before a field existed ran with that field's default
+        saved, new = with_field_defaults(saved), with_field_defaults(new)
     changes = config_changes(saved, new)
     changing = [c for c in changes if not c.neutral]
     if run.is_finished():

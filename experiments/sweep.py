@@ -246,8 +246,12 @@ REUSE_IGNORED = comparison.LABEL_FIELDS + ("logging",)  # labels, locations, whe
 
 
 def _identity(config: dict[str, Any]) -> dict[str, Any]:
-    """The dotted fields of a ``config.json`` dict that decide a run's values."""
-    return {k: v for k, v in comparison.flatten(config).items()
+    """The dotted fields of a ``config.json`` dict that decide a run's values; a field the
+    dict lacks (written before the field existed) is its default
+    (`experiments.config.with_field_defaults`)."""
+    from experiments.config import with_field_defaults
+
+    return {k: v for k, v in comparison.flatten(with_field_defaults(config)).items()
             if k.split(".")[0] not in REUSE_IGNORED}
 
 

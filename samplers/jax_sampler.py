@@ -121,7 +121,9 @@ class JaxSamplerConfig:
         describe the perturbed distribution that sampled. 0 (default) = off.
       num_devices: data-parallel replicas (>= 1): the device batches are spread over the
         first ``num_devices`` of ``jax.local_devices()``, each holding a copy of the
-        weights, and run concurrently (module docstring). On CPU, JAX exposes one device
+        weights and its own KV cache, and run concurrently (module docstring). 1 = no
+        replicas: the weights stay where they were given (sharded weights: XLA partitions
+        the sampler's computation over their mesh). On CPU, JAX exposes one device
         unless the process starts with
         ``XLA_FLAGS=--xla_force_host_platform_device_count=N``.
     """
@@ -212,8 +214,8 @@ class JaxSampler:
     # ----------------------------------------------------------------- weights, pause
     @staticmethod
     def _resolve_devices(n: int) -> list[Any]:
-        """The devices of the ``n`` replicas: ``[None]`` (JAX's default placement) for one,
-        else the first ``n`` local devices.
+        """The devices of the ``n`` replicas: ``[None]`` for one (no placement: inputs stay
+        where they are), else the first ``n`` local devices.
 
         Raises:
           ValueError: fewer than ``n`` local devices (names the field).

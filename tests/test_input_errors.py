@@ -130,6 +130,17 @@ def test_mesh_larger_than_the_devices(capsys, tmp_path):
     assert not run_dir.exists()
 
 
+def test_sampler_replicas_beyond_the_local_devices(capsys, tmp_path):
+    run_dir = tmp_path / "run"
+    code, err = call(["quickstart", "--run_dir", str(run_dir), "--sampler.num_devices", "9"],
+                     capsys)
+    assert code == 2
+    assert err == ("entr-run: error: sampler.num_devices=9 but this process has 8 local cpu "
+                   "device(s) (on CPU, start the process with XLA_FLAGS=--xla_force_host_"
+                   "platform_device_count=9); -1 takes them all")
+    assert not run_dir.exists()
+
+
 def test_model_config_that_is_not_json_names_the_file(capsys, tmp_path):
     model = tmp_path / "model"
     model.mkdir()

@@ -245,6 +245,36 @@ def test_plan_resume_fresh_continue_refuse_finished(tmp_path):
         resume.plan_resume(run, changed, override=True)
 
 
+def test_a_saved_config_that_predates_a_field_reads_as_its_default(tmp_path):
+    """A run written before a field existed (its config.json lacks it) ran with the field's
+    default: resuming it with the default is no change, with another value the change is
+    named from the default (this refused every run stored before sampler.num_devices)."""
+    from experiments.config import with_field_defaults
+    from experiments.configs import PRESETS
+
+    preset = json.loads(PRESETS["quickstart"][1].to_json())
+    saved = json.loads(json.dumps(preset))
+    del saved["sampler"]["num_devices"]
+    saved["extra"] = {"field": 1}  # a field this version does not know stays as written
+    filled = with_field_defaults(saved)
+    assert filled["sampler"]["num_devices"] == 1 and filled["extra"] == {"field": 1}
+    assert "num_devices" not in saved["sampler"]  # the input is not modified
+    del saved["extra"]
+    run = RunDir(tmp_path / "run")
+    (tmp_path / "run" / "checkpoints" / "3").mkdir(parents=True)
+    (tmp_path / "run" / "config.json").write_text(json.dumps(saved))
+    plan = resume.plan_resume(run, json.dumps(preset))
+    assert (plan.action, plan.changes) == ("continue", ())
+    more = json.loads(json.dumps(preset))
+    more["sampler"]["num_devices"] = 2
+    with pytest.raises(ResumeRefused, match=r"in 1 field\(s\) that change the experiment: "
+                                            r"sampler.num_devices: 1 -> 2\. "):
+        resume.plan_resume(run, json.dumps(more))
+    # a sweep's reuse identity reads it the same way
+    assert sweep._identity(saved) == sweep._identity(preset)
+    assert sweep._identity(saved) != sweep._identity(more)
+
+
 # ---------------------------------------------------------------- sweeps
 
 def test_a_failed_sweep_cell_reports_its_last_error_line_and_log(tmp_path, monkeypatch):
