@@ -23,8 +23,8 @@ Prints one JSON object. Per objective (a jitted ``value_and_grad`` at ``[B, T]``
 
 ``--split`` also times, in the same rounds, each objective's gradient of the loss alone
 (``jax.grad`` of ``objective(...)[0]``: the metrics are unused, so the compiler drops
-them), as ``results[name]["loss_grad_only"]`` with its paired ratios: what the loss and
-its gradient cost apart from the metric contract.
+them), as ``results[name]["loss_grad_only"]`` with its wall and CPU times, paired ratios
+and ``hlo`` cost: what the loss and its gradient cost apart from the metric contract.
 
 ``--step`` adds the figure that matters for training: the time of a whole learner step
 (tiny model forward + backward + AdamW, `learners.learner.Learner`) with ``entr`` against
@@ -156,12 +156,14 @@ def main() -> None:
     for f in fns.values():
         jax.block_until_ready(f(logp_pi, batch))
     calls = {n: (lambda f=f: jax.block_until_ready(f(logp_pi, batch))) for n, f in fns.items()}
-    if args.split:
-        for n, f in objs.items():
-            g = jax.jit(jax.grad(lambda lp, b, f=f: f(lp, b)[0]))
-            calls[f"{n}/loss_grad_only"] = lambda g=g: jax.block_until_ready(g(logp_pi, batch))
+    loss_grads = ({f"{n}/loss_grad_only": jax.grad(lambda lp, b, f=f: f(lp, b)[0])
+                   for n, f in objs.items()} if args.split else {})
+    for n, g in loss_grads.items():
+        f = jax.jit(g)
+        jax.block_until_ready(f(logp_pi, batch))  # compiled before the rounds, as above
+        calls[n] = lambda f=f: jax.block_until_ready(f(logp_pi, batch))
     times, cpu, load = interleaved(calls, args.repeats, args.warmup)
-    cost = {n: hlo_cost(g, logp_pi, batch) for n, g in grads.items()}
+    cost = {n: hlo_cost(g, logp_pi, batch) for n, g in {**grads, **loss_grads}.items()}
     results = {}
     for n in fns:
         r = {"ms": spread(times[n]), "cpu_ms": spread(cpu[n])}
@@ -170,9 +172,17 @@ def main() -> None:
             r[f"cpu_ratio_to_{ref}"] = paired_ratio(cpu[n], cpu[ref])
         if args.split:
             key = f"{n}/loss_grad_only"
-            r["loss_grad_only"] = {"ms": spread(times[key]), **{
-                f"ratio_to_{ref}": paired_ratio(times[key], times[f"{ref}/loss_grad_only"])
-                for ref in REFERENCES}}
+            alone = {"ms": spread(times[key]), "cpu_ms": spread(cpu[key])}
+            for ref in REFERENCES:
+                rk = f"{ref}/loss_grad_only"
+                alone[f"ratio_to_{ref}"] = paired_ratio(times[key], times[rk])
+                alone[f"cpu_ratio_to_{ref}"] = paired_ratio(cpu[key], cpu[rk])
+            alone["hlo"] = dict(cost[key])
+            for ref in REFERENCES:
+                rk = f"{ref}/loss_grad_only"
+                alone["hlo"][f"ratio_to_{ref}"] = {
+                    k: round(v / max(cost[rk][k], 1.0), 4) for k, v in cost[key].items()}
+            r["loss_grad_only"] = alone
         r["hlo"] = dict(cost[n])
         for ref in REFERENCES:
             r["hlo"][f"ratio_to_{ref}"] = {k: round(v / max(cost[ref][k], 1.0), 4) for k, v in cost[n].items()}
@@ -195,8 +205,11 @@ def main() -> None:
             "load_1m": out["load_1m"],
         }
         if args.split:
-            out["entr_over_grpo_token_mean"]["loss_grad_only_paired_ratio"] = (
-                results["entr"]["loss_grad_only"]["ratio_to_grpo_token_mean"])
+            alone = results["entr"]["loss_grad_only"]
+            out["entr_over_grpo_token_mean"].update(
+                loss_grad_only_paired_ratio=alone["ratio_to_grpo_token_mean"],
+                loss_grad_only_cpu_paired_ratio=alone["cpu_ratio_to_grpo_token_mean"],
+                loss_grad_only_hlo=alone["hlo"]["ratio_to_grpo_token_mean"])
     if args.step:
         out["learner_step"] = learner_step_ratio(args.step_rows, args.step_length,
                                                  args.step_repeats, args.warmup)
