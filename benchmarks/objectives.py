@@ -152,41 +152,35 @@ def main() -> None:
     logp_pi, batch = make_batch(args.batch, args.length)
     objs = variants([s for s in args.only.split(",") if s])
     grads = {n: jax.value_and_grad(f, has_aux=True) for n, f in objs.items()}
-    fns = {n: jax.jit(g) for n, g in grads.items()}
-    for f in fns.values():
-        jax.block_until_ready(f(logp_pi, batch))
-    calls = {n: (lambda f=f: jax.block_until_ready(f(logp_pi, batch))) for n, f in fns.items()}
-    loss_grads = ({f"{n}/loss_grad_only": jax.grad(lambda lp, b, f=f: f(lp, b)[0])
-                   for n, f in objs.items()} if args.split else {})
-    for n, g in loss_grads.items():
+    if args.split:  # keyed "<name>/loss_grad_only"
+        grads.update({f"{n}/loss_grad_only": jax.grad(lambda lp, b, f=f: f(lp, b)[0])
+                      for n, f in objs.items()})
+    calls = {}
+    for n, g in grads.items():  # each compiled before the timed rounds
         f = jax.jit(g)
-        jax.block_until_ready(f(logp_pi, batch))  # compiled before the rounds, as above
+        jax.block_until_ready(f(logp_pi, batch))
         calls[n] = lambda f=f: jax.block_until_ready(f(logp_pi, batch))
     times, cpu, load = interleaved(calls, args.repeats, args.warmup)
-    cost = {n: hlo_cost(g, logp_pi, batch) for n, g in {**grads, **loss_grads}.items()}
+    cost = {n: hlo_cost(g, logp_pi, batch) for n, g in grads.items()}
+
+    def figures(n: str, suffix: str = "") -> dict:
+        """Times, paired ratios to the references and HLO cost of ``n + suffix``."""
+        key = n + suffix
+        r = {"ms": spread(times[key]), "cpu_ms": spread(cpu[key])}
+        for ref in REFERENCES:
+            r[f"ratio_to_{ref}"] = paired_ratio(times[key], times[ref + suffix])
+            r[f"cpu_ratio_to_{ref}"] = paired_ratio(cpu[key], cpu[ref + suffix])
+        r["hlo"] = dict(cost[key])
+        for ref in REFERENCES:
+            r["hlo"][f"ratio_to_{ref}"] = {k: round(v / max(cost[ref + suffix][k], 1.0), 4)
+                                           for k, v in cost[key].items()}
+        return r
+
     results = {}
-    for n in fns:
-        r = {"ms": spread(times[n]), "cpu_ms": spread(cpu[n])}
-        for ref in REFERENCES:
-            r[f"ratio_to_{ref}"] = paired_ratio(times[n], times[ref])
-            r[f"cpu_ratio_to_{ref}"] = paired_ratio(cpu[n], cpu[ref])
+    for n in objs:
+        results[n] = figures(n)
         if args.split:
-            key = f"{n}/loss_grad_only"
-            alone = {"ms": spread(times[key]), "cpu_ms": spread(cpu[key])}
-            for ref in REFERENCES:
-                rk = f"{ref}/loss_grad_only"
-                alone[f"ratio_to_{ref}"] = paired_ratio(times[key], times[rk])
-                alone[f"cpu_ratio_to_{ref}"] = paired_ratio(cpu[key], cpu[rk])
-            alone["hlo"] = dict(cost[key])
-            for ref in REFERENCES:
-                rk = f"{ref}/loss_grad_only"
-                alone["hlo"][f"ratio_to_{ref}"] = {
-                    k: round(v / max(cost[rk][k], 1.0), 4) for k, v in cost[key].items()}
-            r["loss_grad_only"] = alone
-        r["hlo"] = dict(cost[n])
-        for ref in REFERENCES:
-            r["hlo"][f"ratio_to_{ref}"] = {k: round(v / max(cost[ref][k], 1.0), 4) for k, v in cost[n].items()}
-        results[n] = r
+            results[n]["loss_grad_only"] = figures(n, "/loss_grad_only")
     out = {
         "benchmark": "objectives_value_and_grad",
         "backend": jax.default_backend(),

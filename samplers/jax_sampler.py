@@ -214,8 +214,9 @@ class JaxSampler:
     # ----------------------------------------------------------------- weights, pause
     @staticmethod
     def _resolve_devices(n: int) -> list[Any]:
-        """The devices of the ``n`` replicas: ``[None]`` for one (no placement: inputs stay
-        where they are), else the first ``n`` local devices.
+        """The devices of the ``n`` replicas: ``[None]`` for one (no placement: device arrays
+        stay where they are, host arrays go to JAX's default device), else the first ``n``
+        local devices.
 
         Raises:
           ValueError: fewer than ``n`` local devices (names the field).
