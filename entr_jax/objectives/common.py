@@ -221,25 +221,6 @@ def ratio(log_a: Array, log_b: Array) -> Array:
     return jnp.exp(log_ratio(log_a, log_b))
 
 
-def ratio_given(value: Array, log_ratio_x: Array) -> Array:
-    """``exp(x)`` from its already computed value: returns ``value`` in the forward pass
-    and has the derivative of ``exp(x)``, ``value * dx``, in the backward pass.
-
-    ``value * (1 + (x - sg(x)))``: ``x - sg(x)`` is exactly 0 for finite ``x``, so the
-    result is ``value`` bit for bit, and its cotangent is ``ct * value``, the product the
-    derivative of ``jnp.exp`` forms from its output. It lets an objective reuse the one
-    ``exp`` its metrics take (the ratio over every loss token) for the loss on a gated
-    subset, instead of a second ``exp`` pass over ``[B, T]``.
-
-    Args:
-      value: ``[B, T] f32`` ``exp(x)`` computed without gradient (any value where the
-        caller's gate is false; it must be finite wherever ``x`` carries gradient).
-      log_ratio_x: ``[B, T] f32`` ``x``, the differentiable log-ratio (finite everywhere,
-        e.g. formed from `gate`d inputs).
-    """
-    return sg(value) * (1.0 + (log_ratio_x - sg(log_ratio_x)))
-
-
 def sg(x: Array) -> Array:
     """Stop-gradient (``sg[.]`` in the formulas)."""
     return jax.lax.stop_gradient(x)
@@ -286,16 +267,18 @@ def fraction(flags: Array, mask: Array) -> Array:
     return jnp.sum(flags & mask, dtype=jnp.float32) / jnp.maximum(jnp.sum(mask, dtype=jnp.float32), 1.0)
 
 
-def count_true(flags: list[Array]) -> Array:
-    """``[k] f32``: the number of true entries of each of ``k`` same-shape bool arrays.
+def stacked_sums(rows: list[Array]) -> Array:
+    """``[k] f32``: the sum of each of ``k`` same-shape arrays (bool rows count as 0/1).
 
-    One stacked sum instead of ``k`` separate ones, so the compiler can build every flag
-    in one fused elementwise pass and reduce them with one reduction (on XLA:CPU each
-    separate ``jnp.sum`` materialises its own f32 temporary and runs its own reduction).
-    Counts below 2**24 per array are exact in any summation order, so the values are those
-    of ``jnp.sum(f, dtype=float32)`` for each ``f``.
+    One stacked sum instead of ``k`` separate ones: XLA builds every row in one fused
+    elementwise pass and reduces them with one reduction (on XLA:CPU each separate
+    ``jnp.sum`` materialises its own f32 temporary and runs its own reduction). Counts
+    below 2**24 are exact in any summation order; float rows equal ``jnp.sum`` of each row
+    bit for bit on XLA:CPU (`tests/test_objectives_cost.py`), and elsewhere differ from it
+    only by the order of a float sum, which XLA does not fix for either form.
     """
-    return jnp.sum(jnp.stack(flags), axis=tuple(range(1, flags[0].ndim + 1)), dtype=jnp.float32)
+    return jnp.sum(jnp.stack([r.astype(jnp.float32) for r in rows]),
+                   axis=tuple(range(1, rows[0].ndim + 1)))
 
 
 def base_metrics(
@@ -313,8 +296,9 @@ def base_metrics(
     ``exp(clip(logp_pi - logp_mu))`` (``ratio_pi_mu/count``: the loss tokens where it is
     finite, the denominator of its mean); ``clip/frac_*`` the fraction of loss tokens whose
     gradient the PPO clip removes. Each equals its `fraction` / `masked_mean` /
-    `masked_max` form; every count, those of ``means`` included, is taken in one pass
-    (`count_true`). The counts are the weights that pool the means over optimizer updates
+    `masked_max` form; every count and the sums of ``means`` are taken in one stacked
+    pass (`stacked_sums`); the ratio's sum and max stay apart, since joining them made
+    no gain (docs/performance.md). The counts are the weights that pool the means over optimizer updates
     (`entr_jax.objectives.pooling`).
 
     Args:
@@ -332,7 +316,9 @@ def base_metrics(
     flags = [lm, ~keep & lm, r_valid] + [valid for _, valid, _ in means.values()]
     if clipped_low is not None:
         flags += [clipped_low & keep & lm, clipped_high & keep & lm]
-    counts = count_true(flags)
+    nf = len(flags)
+    sums = stacked_sums(flags + [jnp.where(valid, x, 0.0) for x, valid, _ in means.values()])
+    counts = sums[:nf]
     n_loss, n_rejected, n_r = counts[0], counts[1], counts[2]
     den = jnp.maximum(n_loss, 1.0)
     m = {
@@ -343,10 +329,10 @@ def base_metrics(
         "ratio_pi_mu/count": n_r,
     }
     if clipped_low is not None:
-        m["clip/frac_low"] = counts[-2] / den
-        m["clip/frac_high"] = counts[-1] / den
+        m["clip/frac_low"] = counts[nf - 2] / den
+        m["clip/frac_high"] = counts[nf - 1] / den
     for i, (key, (x, valid, count_key)) in enumerate(means.items()):
-        m[key] = jnp.sum(jnp.where(valid, x, 0.0)) / jnp.maximum(counts[3 + i], 1.0)
+        m[key] = sums[nf + i] / jnp.maximum(counts[3 + i], 1.0)
         m[count_key] = counts[3 + i]
     return m
 

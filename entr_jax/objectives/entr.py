@@ -147,18 +147,18 @@ def entr(logp_pi: jax.Array, batch: Any, cfg: EntrConfig) -> tuple[jax.Array, c.
     inp = c.read_inputs(logp_pi, batch, sanitize=False)
     keep, delta, entropy = _keep(inp, cfg)
     lp, lmu, adv = c.gate(keep, inp.logp_pi, inp.logp_mu, inp.advantages)
-    # One exp for the loss and the metrics: on kept tokens exp(delta) is exp(clip(lp - lmu))
-    # bit for bit (the gate leaves them unchanged), so the loss ratio takes its value from
-    # the metrics' ratio over all loss tokens (exp(delta), which base_metrics forms from the
-    # same expression) and its gradient through the gated log-ratio (finite everywhere).
-    r = c.ratio_given(jnp.where(keep, jnp.exp(delta), 0.0), c.log_ratio(lp, lmu))
+    # The loss takes its own exp of the gated log-ratio. Reusing the metrics' exp(delta)
+    # (one transcendental per token instead of two, same values) was measured slower on
+    # XLA:CPU: the gradient fusion then reads one more materialised [B, T] array
+    # (docs/performance.md, 2026-12-04).
+    r = c.ratio(lp, lmu)
     loss_tok, lo, hi = c.ppo_clip_loss(r, adv, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
     num_kept = c.kept_count(inp, keep)
     loss = c.agg(inp, loss_tok, keep, cfg, num_kept)
     # entr/score_mean is masked_mean(S, loss_mask). S = d**2 / max(max(H, 0) + eps, 1e-30)
     # with |d| <= 20 is never infinite and is NaN exactly where delta or H is NaN, so its
-    # finite tokens are found without reading S, which is then used once (no [B, T]
-    # temporary), and the count joins the other metrics' single counting pass.
+    # finite tokens are found without reading S; its sum and count join the other metrics'
+    # single stacked pass (`common.base_metrics`).
     score = entr_score(delta, entropy, cfg.eps)
     score_valid = inp.loss_mask & ~jnp.isnan(delta) & ~jnp.isnan(entropy)
     metrics = {**c.pg_metrics(inp, loss, cfg, num_kept),
