@@ -273,9 +273,9 @@ def stacked_sums(rows: list[Array]) -> Array:
     One stacked sum instead of ``k`` separate ones: XLA builds every row in one fused
     elementwise pass and reduces them with one reduction (on XLA:CPU each separate
     ``jnp.sum`` materialises its own f32 temporary and runs its own reduction). Counts
-    below 2**24 are exact in any summation order; float rows equal ``jnp.sum`` of each row
-    bit for bit on XLA:CPU (`tests/test_objectives_cost.py`), and elsewhere differ from it
-    only by the order of a float sum, which XLA does not fix for either form.
+    below 2**24 are exact in any summation order; a float row is its ``jnp.sum`` up to
+    the order of the float additions, which XLA fixes for neither form (on XLA:CPU the
+    two agree at some shapes and differ in the last bit at others).
     """
     return jnp.sum(jnp.stack([r.astype(jnp.float32) for r in rows]),
                    axis=tuple(range(1, rows[0].ndim + 1)))
@@ -296,10 +296,11 @@ def base_metrics(
     ``exp(clip(logp_pi - logp_mu))`` (``ratio_pi_mu/count``: the loss tokens where it is
     finite, the denominator of its mean); ``clip/frac_*`` the fraction of loss tokens whose
     gradient the PPO clip removes. Each equals its `fraction` / `masked_mean` /
-    `masked_max` form; every count and the sums of ``means`` are taken in one stacked
-    pass (`stacked_sums`); the ratio's sum and max stay apart, since joining them made
-    no gain (docs/performance.md). The counts are the weights that pool the means over optimizer updates
-    (`entr_jax.objectives.pooling`).
+    `masked_max` form (the means of ``means`` up to the order of their float sum); every
+    count and the sums of ``means`` are taken in one stacked pass (`stacked_sums`); the
+    ratio's sum and max stay apart, since joining them made no gain
+    (docs/performance.md). The counts are the weights that pool the means over optimizer
+    updates (`entr_jax.objectives.pooling`).
 
     Args:
       inp, keep: the objective's inputs and ``[B, T] bool`` kept tokens.
