@@ -330,8 +330,8 @@ def base_metrics(
         "ratio_pi_mu/count": n_r,
     }
     if clipped_low is not None:
-        m["clip/frac_low"] = counts[nf - 2] / den
-        m["clip/frac_high"] = counts[nf - 1] / den
+        m["clip/frac_low"] = counts[-2] / den
+        m["clip/frac_high"] = counts[-1] / den
     for i, (key, (x, valid, count_key)) in enumerate(means.items()):
         m[key] = sums[nf + i] / jnp.maximum(counts[3 + i], 1.0)
         m[count_key] = counts[3 + i]
