@@ -58,6 +58,10 @@ class ModelSpec:
       param_dtype: parameter storage dtype.
       sampler_dtype: compute dtype of the embedded sampler (bfloat16 against a float32
         learner is a real train/inference mismatch).
+      sha256: the expected sha256 of ``path``'s weights (hex; the ``*.safetensors`` files
+        hashed one after the other in name order, so for one file it is
+        ``sha256sum model.safetensors``); a run refuses other weights before any work.
+        Freezes a warm start in an experiment's spec. Empty = not checked.
     """
 
     path: str = ""
@@ -65,6 +69,15 @@ class ModelSpec:
     dtype: Literal["float32", "bfloat16"] = "float32"
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     sampler_dtype: Literal["float32", "bfloat16"] = "float32"
+    sha256: str = ""
+
+    def __post_init__(self):
+        _require(not self.sha256 or (len(self.sha256) == 64 and all(
+            c in "0123456789abcdef" for c in self.sha256)), "model.sha256", self.sha256,
+            "64 lower-case hex digits (sha256sum's output), or empty")
+        _require(not self.sha256 or bool(self.path), "model.sha256", self.sha256,
+                 "empty without model.path (the embedded default's weights are initialised "
+                 "from model.init_seed, not read)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,6 +221,16 @@ class SamplerSpec:
         rounding (other batch shapes). On CPU, JAX shows one device unless the process
         starts with ``XLA_FLAGS=--xla_force_host_platform_device_count=N``, and the
         learner mesh then tiles those N devices too (``learner.mesh``).
+      weight_quant: ``jax`` only: serve the linear layers' weights quantised with qwix and
+        dequantised (``int8``, ``fp8`` e4m3 or ``int4``, one scale per output channel), as
+        a weight-quantised inference engine does, while the learner keeps its own weights
+        (`samplers.jax_quant`): a deterministic, context-dependent train/inference
+        mismatch, correlated across the vocabulary. ``none`` (default) = off.
+      recompute_kv_on_swap: ``jax`` only: after an in-flight weight switch, rebuild the KV
+        cache under the new weights (default; each token is exactly its version's
+        conditional) or, when false, keep the stale cache as in-flight engines
+        (PipelineRL-style) do, so ``logp_mu`` is that of the mixed computation that
+        sampled (`samplers.jax_sampler` module docstring).
     """
 
     kind: Literal["jax", "sglang"] = "jax"
@@ -219,6 +242,8 @@ class SamplerSpec:
     min_prompt_bucket: int = 8
     logit_noise_std: float = 0.0
     num_devices: int = 1
+    weight_quant: Literal["none", "int8", "fp8", "int4"] = "none"
+    recompute_kv_on_swap: bool = True
 
     def __post_init__(self):
         if self.kind not in ("jax", "sglang"):
@@ -241,6 +266,14 @@ class SamplerSpec:
         _require(self.kind == "jax" or self.num_devices == 1, "sampler.num_devices",
                  self.num_devices, "1 with sampler.kind='sglang' (replicas are the embedded "
                  "sampler's; a fleet has its servers)")
+        _require(self.weight_quant in ("none", "int8", "fp8", "int4"), "sampler.weight_quant",
+                 self.weight_quant, "one of none, int8, fp8, int4")
+        _require(self.kind == "jax" or self.weight_quant == "none", "sampler.weight_quant",
+                 self.weight_quant, "'none' with sampler.kind='sglang' (serve a quantised "
+                 "checkpoint with SGLang's own --quantization instead)")
+        _require(self.kind == "jax" or self.recompute_kv_on_swap, "sampler.recompute_kv_on_swap",
+                 self.recompute_kv_on_swap, "true with sampler.kind='sglang' (the fleet's "
+                 "engine decides what happens to its cache on a weight update)")
 
 
 @dataclasses.dataclass(frozen=True)

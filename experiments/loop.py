@@ -62,6 +62,7 @@ from experiments import multiprocess as mp
 from experiments import rollouts as ro
 from experiments import state_io
 from experiments.config import RunConfig
+from experiments.decomposition import logp_at_token_version
 from experiments.errors import RunError
 from experiments.objective import build_objective
 from experiments.phases import PhaseClock
@@ -114,6 +115,7 @@ class Job:
         if (note := preflight.lag_horizon(cfg)) is not None:
             warnings.warn(note, stacklevel=2)
         self.model_cfg = preflight.read_model_config(cfg.model.path or tiny_dir())
+        preflight.check_weights_sha256(cfg)
 
     # ------------------------------------------------------------------ construction
     def _policy(self):
@@ -197,9 +199,30 @@ class Job:
             per_example = [flags[i * k:(i + 1) * k] for i in range(len(examples))]
             ks = sorted({1, k})
             out["benchmarks"][name] = benchmark_metrics(per_example, ks=ks, greedy=greedy)
+            out["benchmarks"][name].update(self._reference_logp(examples, weights))
         self.run.write_json(f"eval/{phase}.json", out)
         self._log_eval(out)
         return out
+
+    def _reference_logp(self, examples: list[dict], weights: Any) -> dict[str, float]:
+        """Teacher-forced log-likelihood of the examples' reference solutions under
+        ``weights``: ``ref_logp`` (mean log-prob per reference token, nats; the tempered,
+        filtered distribution the learner scores) and ``ref_tokens`` (their count); {} when
+        the task has no reference solutions. No sampling: the same weights give the same
+        value. Every process scores every example (a collective on equal shapes), in
+        batches of the rollout batch's rows."""
+        if self.task.reference_demos is None:
+            return {}
+        trajs = [demo_trajectory(d, self.tokenizer) for d in self.task.reference_demos(examples)]
+        rows = max(1, self.cfg.task.prompts_per_step * self.cfg.task.samples_per_prompt
+                   // self.share.count)
+        total, count = 0.0, 0
+        for i in range(0, len(trajs), rows):
+            scored = self.learner.token_logprobs(trajs[i:i + rows], weights=weights)
+            mask = scored["loss_mask"].astype(bool)
+            total += float(np.sum(scored["logp_pi"][mask], dtype=np.float64))
+            count += int(mask.sum())
+        return {"ref_logp": total / max(count, 1), "ref_tokens": count}
 
     def _replay_eval(self, out: dict[str, Any]) -> None:
         """``eval/<phase>.json`` and its TensorBoard scalars from an evaluation already
@@ -214,7 +237,7 @@ class Job:
         k = str(self.cfg.task.eval_samples)
         scalars = {f"eval/{out['phase']}/{bench}/{key.replace('@n', '@' + k).replace('@', '_at_')}":
                    value for bench, m in out["benchmarks"].items() for key, value in m.items()
-                   if key not in ("num_examples", "num_samples")}
+                   if key not in ("num_examples", "num_samples", "ref_tokens")}
         self.logger.log(out["version"], None, scalars)
 
     def warm_start(self, module_fn, params) -> Any:
@@ -342,6 +365,8 @@ class Job:
                                     min_prompt_bucket=cfg.sampler.min_prompt_bucket,
                                     dtype=cfg.model.sampler_dtype,
                                     logit_noise_std=cfg.sampler.logit_noise_std,
+                                    weight_quant=cfg.sampler.weight_quant,
+                                    recompute_kv_on_swap=cfg.sampler.recompute_kv_on_swap,
                                     num_devices=(len(jax.local_devices())
                                                  if cfg.sampler.num_devices == -1
                                                  else cfg.sampler.num_devices)),
@@ -356,7 +381,18 @@ class Job:
             self.ring, self._sampling(batch_id, offset=self.prompt_offset),
             self.cfg.task.samples_per_prompt, self.group_ids(batch_id))
         self.clock.count("rl_episodes", len(batch.trajectories))
+        if self.decomposes(batch_id):  # while the ring still holds every version it used
+            batch.logp_version = logp_at_token_version(self.learner, batch.trajectories,
+                                                       self.ring, versions)
         return batch
+
+    def decomposes(self, batch_id: int) -> bool:
+        """Whether batch ``batch_id`` gets token samples with the mismatch/staleness
+        decomposition: every ``token_samples_every`` steps, in ``sync`` and ``simulated``
+        mode (in ``async`` mode the versions a batch used may have left the ring before
+        it is consumed; its token samples have no ``logp_version``)."""
+        every = self.cfg.token_samples_every
+        return bool(every) and batch_id % every == 0 and self.cfg.staleness.mode != "async"
 
     def local_prompts(self) -> list[dict]:
         """This process's share of the next global prompt batch (`Share.chunk_indices`)."""
@@ -389,7 +425,10 @@ class Job:
         every = self.cfg.token_samples_every
         if every and n % every == 0:  # every process's rows, written by process 0
             start = time.perf_counter()
-            arrays = mp.gather_rows(self.learner.token_logprobs(batch.trajectories))
+            arrays = self.learner.token_logprobs(batch.trajectories)
+            if batch.logp_version is not None:
+                arrays["logp_version"] = batch.logp_version
+            arrays = mp.gather_rows(arrays)
             if self.run.writer:
                 (self.run / "token_samples").mkdir(exist_ok=True)
                 np.savez_compressed(self.run / "token_samples" / f"step_{n}.npz", **arrays)
@@ -625,6 +664,8 @@ class Job:
             "eval_accuracy_init": bench("init")["avg@n"],
             "eval_accuracy_before": bench("before_rl")["avg@n"],
             "eval_accuracy_after": bench("after_rl")["avg@n"],
+            "eval_ref_logp_before": bench("before_rl").get("ref_logp"),
+            "eval_ref_logp_after": bench("after_rl").get("ref_logp"),
             "eval_greedy_before": bench("before_rl")["greedy"],
             "eval_greedy_after": bench("after_rl")["greedy"],
             f"eval_pass@{k}_before": bench("before_rl")[f"pass@{k}"],

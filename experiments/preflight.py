@@ -15,6 +15,7 @@ the run is made first), each raising one error that names the field or the file.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
@@ -243,3 +244,33 @@ def check_task(cfg: RunConfig, task: Any, tokenizer: Any, model_cfg: ModelConfig
                     + (f" plus task.max_total_tokens ({spec.max_total_tokens}) over "
                        f"{spec.max_turns} turns" if spec.max_turns > 1 else "")
                     + f" exceeds the embedded sampler's max_prompt_len ({max_prompt_len})")
+
+
+def weights_sha256(model_dir: str | os.PathLike) -> str:
+    """sha256 (hex) of a checkpoint's weights: its ``*.safetensors`` files hashed one after
+    the other in name order (for one file, ``sha256sum model.safetensors``)."""
+    files = sorted(pathlib.Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"model.path {str(model_dir)!r} has no *.safetensors weights to hash")
+    digest = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def check_weights_sha256(cfg: Any) -> None:
+    """Refuse weights other than the ones ``model.sha256`` names (before any work).
+
+    Raises:
+      ConfigError: naming the directory, the expected and the found digest.
+    """
+    if not cfg.model.sha256:
+        return
+    found = weights_sha256(cfg.model.path)
+    if found != cfg.model.sha256:
+        raise ConfigError(
+            f"model.path {cfg.model.path!r} holds other weights than model.sha256 names "
+            f"(expected {cfg.model.sha256}, found {found}): the experiment is frozen to one "
+            "warm start; point model.path at it, or change model.sha256 in the spec")

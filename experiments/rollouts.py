@@ -33,6 +33,9 @@ class RolloutBatch:
         mode: the oldest token version); None when unknown (older checkpoints).
       entropy_estimated_tokens: generated tokens whose ``entropy_mu`` is a top-k estimate
         rather than exact (`entropy_estimated_count`; 0 for the embedded sampler).
+      logp_version: ``[len(trajectories), T] float32``, the learner's log-prob of each
+        sampled token at the token's own version (`experiments.decomposition`), in the
+        layout of `learners.learner.Learner.token_logprobs`; None when not computed.
     """
 
     batch_id: int
@@ -41,6 +44,7 @@ class RolloutBatch:
     sample_s: float = 0.0
     first_version: int | None = None
     entropy_estimated_tokens: int = 0
+    logp_version: np.ndarray | None = None
 
     def to_json(self) -> dict[str, Any]:
         trajs = []
@@ -52,6 +56,8 @@ class RolloutBatch:
         return {"batch_id": self.batch_id, "generation_version": self.generation_version,
                 "sample_s": self.sample_s, "first_version": self.first_version,
                 "entropy_estimated_tokens": self.entropy_estimated_tokens,
+                "logp_version": (None if self.logp_version is None
+                                 else np.asarray(self.logp_version, np.float32).tolist()),
                 "trajectories": trajs}
 
     @classmethod
@@ -62,8 +68,10 @@ class RolloutBatch:
                        finish_reason=t["finish_reason"], info=t["info"])
             for t in d["trajectories"]
         ]
+        logp_version = d.get("logp_version")
         return cls(d["batch_id"], d["generation_version"], trajs, d["sample_s"],
-                   d.get("first_version"), int(d.get("entropy_estimated_tokens", 0)))
+                   d.get("first_version"), int(d.get("entropy_estimated_tokens", 0)),
+                   None if logp_version is None else np.asarray(logp_version, np.float32))
 
 
 def _plain(obj: Any) -> Any:

@@ -37,6 +37,9 @@ class TaskBundle:
       rollout: episode bounds.
       demos: SFT demonstrations (``prompt``, ``segments``), or an empty list.
       verifier: the shared `MathVerifier` (close it at the end).
+      reference_demos: held-out examples -> their reference solutions as demonstrations
+        (the same form as ``demos``), for the teacher-forced log-likelihood of evaluation;
+        None when the task's evaluation examples have no reference solution.
     """
 
     train: list[dict]
@@ -45,6 +48,7 @@ class TaskBundle:
     rollout: RolloutConfig
     demos: list[dict]
     verifier: MathVerifier
+    reference_demos: Callable[[list[dict]], list[dict]] | None = None
 
 
 def _template(spec: TaskSpec, instruction: str, plain_format: str | None = None) -> PromptTemplate:
@@ -87,6 +91,7 @@ def build_task(spec: TaskSpec, verifier_config: VerifierConfig = VerifierConfig(
             rollout=rollout,
             demos=answer_demos(train, template),
             verifier=verifier,
+            reference_demos=lambda examples: answer_demos(examples, template),
         )
     if spec.name == "chain_sum":
         # "4+1-7-7=" -> "5-7-7\n-2-7\n-9\n#### -9" (reduce style); only a plain number
@@ -106,6 +111,7 @@ def build_task(spec: TaskSpec, verifier_config: VerifierConfig = VerifierConfig(
             rollout=rollout,
             demos=solution_demos(train, template),
             verifier=verifier,
+            reference_demos=lambda examples: solution_demos(examples, template),
         )
     if spec.name in ("gsm8k", "math"):
         instruction = GSM8K_INSTRUCTION if spec.name == "gsm8k" else MATH_INSTRUCTION
@@ -131,6 +137,7 @@ def build_task(spec: TaskSpec, verifier_config: VerifierConfig = VerifierConfig(
             rollout=rollout,
             demos=gsm8k_calc_demos(train, template),
             verifier=verifier,
+            reference_demos=lambda examples: gsm8k_calc_demos(examples, template),
         )
     if spec.name == "search":
         docs, examples = make_corpus(seed=0)

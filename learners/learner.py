@@ -300,14 +300,25 @@ class Learner:
             batch = batch.replace(logp_ref=self.logprob_fn(self.ref_params, self.state.other, batch)[0])
         return batch, stats
 
-    def token_logprobs(self, trajectories: Sequence[Trajectory]) -> dict[str, np.ndarray]:
-        """Per-token arrays of the current policy on these trajectories (no update), for
+    def token_logprobs(self, trajectories: Sequence[Trajectory],
+                       weights: nnx.State | None = None) -> dict[str, np.ndarray]:
+        """Per-token arrays of a policy on these trajectories (no update), for
         diagnostics: ``logp_pi``, ``entropy_pi``, ``logp_mu``, ``entropy_mu``,
         ``token_version`` and ``loss_mask``, each ``[B, T]`` numpy (rows beyond
         ``len(trajectories)`` are padding and are dropped). With several processes every
-        process calls it with its own rows and gets those rows back."""
+        process calls it with its own rows and gets those rows back.
+
+        ``weights``: a full module state of this policy (as `published_weights` returns,
+        e.g. an older version kept in a parameter ring) to score with instead of the
+        current parameters; placed into the parameter shardings first, so the same
+        compiled program runs and equal weights give bitwise equal log-probs."""
         batch, _ = self._device_batch(trajectories, [0.0] * len(trajectories))
-        logp, entropy = self.logprob_fn(self.state.params, self.state.other, batch)
+        params, other = self.state.params, self.state.other
+        if weights is not None:
+            _, params, other = nnx.split(nnx.merge(self.state.graphdef, weights), nnx.Param, ...)
+            params = jax.device_put(params, self.shardings.params)
+            other = jax.device_put(other, self.shardings.other)
+        logp, entropy = self.logprob_fn(params, other, batch)
         arrays = {"logp_pi": logp, "entropy_pi": entropy, "logp_mu": batch.logp_mu,
                   "entropy_mu": batch.entropy_mu, "token_version": batch.token_version,
                   "loss_mask": batch.loss_mask}

@@ -44,7 +44,8 @@ Design (see also `samplers.jax_decode` and `samplers.jax_sampling`):
   `samplers.jax_sampling`; the filter is `entr_jax.sampling_filter`, which the learner
   applies too when given the same ``top_k``/``top_p``/``min_p``). The logits are computed in the compute ``dtype``: sampling in
   bf16 against an f32 learner is a real train/inference mismatch, recorded in ``logp_mu``.
-  ``config.logit_noise_std > 0`` adds a synthetic, seeded one (`samplers.jax_mismatch`).
+  ``config.logit_noise_std > 0`` adds a synthetic, seeded one (`samplers.jax_mismatch`);
+  ``config.weight_quant`` serves quantised linear weights (`samplers.jax_quant`).
   Parameters are stored cast to the compute dtype (the model casts them there anyway).
 * **Weight versions.** Every token records the version of the weights whose forward pass
   produced its distribution (``token_version``). ``weight_schedule=[(s, params, version),
@@ -78,6 +79,7 @@ from entr_jax.interfaces import SamplingParams
 from entr_jax.model.decoder import Decoder
 from entr_jax.types import Generation
 from samplers import jax_decode
+from samplers.jax_quant import QTYPES, WeightQuant, quantize_weights
 
 __all__ = ["JaxSampler", "JaxSamplerConfig"]
 
@@ -119,6 +121,10 @@ class JaxSamplerConfig:
         train/inference mismatch: Gaussian noise added to the sampler's logits, drawn per
         token from its sampling key (`samplers.jax_mismatch`); ``logp_mu``/``entropy_mu``
         describe the perturbed distribution that sampled. 0 (default) = off.
+      weight_quant: ``"none"`` (default), ``"int8"``, ``"fp8"`` (e4m3) or ``"int4"``:
+        serve the linear layers' weights quantised (per output channel) and dequantised,
+        as a weight-quantised engine computes (`samplers.jax_quant`): a deterministic,
+        context-dependent train/inference mismatch.
       num_devices: data-parallel replicas (>= 1): the device batches are spread over the
         first ``num_devices`` of ``jax.local_devices()``, each holding a copy of the
         weights and its own KV cache, and run concurrently (module docstring). 1 = no
@@ -136,6 +142,7 @@ class JaxSamplerConfig:
     recompute_kv_on_swap: bool = True
     logit_noise_std: float = 0.0
     num_devices: int = 1
+    weight_quant: WeightQuant = "none"
 
     def __post_init__(self):
         for name in ("max_batch_size", "min_prompt_bucket", "max_prompt_len", "steps_per_call",
@@ -145,6 +152,9 @@ class JaxSamplerConfig:
                 raise ValueError(f"JaxSamplerConfig.{name} must be an int >= 1, got {value!r}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"JaxSamplerConfig.dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        if self.weight_quant not in ("none", *QTYPES):
+            raise ValueError(f"JaxSamplerConfig.weight_quant must be one of "
+                             f"{['none', *QTYPES]}, got {self.weight_quant!r}")
         if not (isinstance(self.logit_noise_std, (int, float)) and self.logit_noise_std >= 0):
             raise ValueError("JaxSamplerConfig.logit_noise_std must be a number >= 0, got "
                              f"{self.logit_noise_std!r}")
@@ -259,6 +269,7 @@ class JaxSampler:
         for a, b in zip(jax.tree.leaves(self._abstract_params), jax.tree.leaves(params)):
             if a.shape != b.shape:
                 raise ValueError(f"params leaf shape {b.shape} != expected {a.shape}")
+        params = quantize_weights(params, self.config.weight_quant)
         return jax.tree.map(lambda x: jnp.asarray(x, self._dtype), params)
 
     def update_weights(self, params: Any, version: int) -> None:

@@ -5,15 +5,13 @@ import dataclasses
 import importlib.util
 import json
 import math
-import shutil
 
 import jax
 import numpy as np
 import pytest
 from flax import nnx
 
-from entr_jax.assets import tiny_dir
-from entr_jax.model import Decoder, ModelConfig, save_pretrained
+from entr_jax.model import Decoder, ModelConfig
 from entr_jax.staleness import StalenessConfig
 from experiments import run as cli
 from experiments.configs import QUICKSTART
@@ -21,47 +19,8 @@ from experiments.errors import ConfigError
 from experiments.loop import Job, RunExistsError
 from experiments.preflight import check_devices
 from learners.logging import LoggingConfig
+from tests.small_job import metrics, run, small_config, synthetic_advantages
 from tests.wandb_history import offline_env, read_run
-
-
-@pytest.fixture(scope="module")
-def small_model_dir(tmp_path_factory):
-    """A 2-layer Qwen2 checkpoint with the embedded tokenizer (vocabulary 1024)."""
-    path = tmp_path_factory.mktemp("small_model")
-    hf = json.loads((tiny_dir() / "config.json").read_text())
-    hf.update(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-              num_attention_heads=2, num_key_value_heads=1, head_dim=16)
-    model = Decoder(ModelConfig.from_hf_config(hf), rngs=nnx.Rngs(0))
-    save_pretrained(model, path)
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        shutil.copy(tiny_dir() / name, path / name)
-    return path
-
-
-def small_config(model_dir, run_dir, **changes):
-    q = QUICKSTART
-    cfg = dataclasses.replace(
-        q, run_dir=str(run_dir), rl_steps=4, token_samples_every=2,
-        model=dataclasses.replace(q.model, path=str(model_dir)),
-        task=dataclasses.replace(q.task, prompts_per_step=2, samples_per_prompt=3,
-                                 max_new_tokens=6, max_total_tokens=6, eval_examples=2,
-                                 eval_samples=1, arithmetic_max_chars=5),
-        sft=dataclasses.replace(q.sft, steps=0),
-        staleness=StalenessConfig(mode="simulated", inter_lag=1, intra_switches=0,
-                                  ring_size=2),
-        checkpoint=dataclasses.replace(q.checkpoint, every=2, keep=2),
-    )
-    return dataclasses.replace(cfg, **changes)
-
-
-def run(cfg, resume=False):
-    job = Job(cfg, resume=resume, show_progress=False)
-    summary = job.run_job()
-    return job, summary
-
-
-def metrics(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -414,14 +373,6 @@ def _model_params(model_dir):
     return nnx.split(from_pretrained(str(model_dir)), nnx.Param, ...)[1]
 
 
-def _synthetic_advantages(self, batch):
-    """+1 when an episode's first response token id is even, else -1: a signal the untrained
-    tiny policy can follow (the task's reward is 0 for all its samples, so GRPO's advantages
-    would be 0 and nothing would move)."""
-    return np.array([1.0 if len(t.response_ids) and int(t.response_ids[0]) % 2 == 0 else -1.0
-                     for t in batch.trajectories], np.float32)
-
-
 def kl_config(model_dir, run_dir, coef):
     from entr_jax.objectives import GrpoConfig
     from learners.optim import OptimizerConfig
@@ -442,7 +393,7 @@ def kl_runs(small_model_dir, tmp_path_factory):
     mini-batches per rollout batch)."""
     original = Job.advantages
     out = {}
-    Job.advantages = _synthetic_advantages
+    Job.advantages = synthetic_advantages
     try:
         for coef in (0.0, KL_COEF):
             d = tmp_path_factory.mktemp(f"kl{coef}")
@@ -503,7 +454,7 @@ def test_reference_policy_survives_resume(kl_runs, small_model_dir, tmp_path, mo
             raise KeyboardInterrupt("simulated kill")
         return original(self, batch, record)
 
-    monkeypatch.setattr(Job, "advantages", _synthetic_advantages)
+    monkeypatch.setattr(Job, "advantages", synthetic_advantages)
     monkeypatch.setattr(Job, "learn", crash_at_step_2)
     cfg = kl_config(small_model_dir, tmp_path / "crash", KL_COEF)
     with pytest.raises(KeyboardInterrupt):

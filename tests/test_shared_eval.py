@@ -11,7 +11,7 @@ import pytest
 from entr_jax.staleness import StalenessConfig
 from experiments import shared_eval
 from experiments.config import OptimizerConfig
-from tests.test_loop import metrics, run, small_config, small_model_dir  # noqa: F401
+from tests.small_job import run, small_config
 
 TIMES = ("wall_clock_s", "elapsed_s", "rl_wall_s")
 

@@ -1,0 +1,309 @@
+"""The token-level decomposition of the log-ratio into mismatch and staleness, and ESTR's
+two premises tested on it (docs/decomposition.md).
+
+Per loss token of a run's ``token_samples/step_<n>.npz`` (written with ``logp_version``,
+the learner's log-prob at the token's own version; `experiments.decomposition`):
+
+* ``delta = logp_pi - logp_mu`` (float32, as the learner computes it), split exactly into
+  ``delta_mis = logp_version - logp_mu`` (train-inference mismatch) and
+  ``delta_stale = logp_pi - logp_version`` (policy drift since the token's version);
+* ``H = entropy_mu`` (behaviour entropy, nats), ``q = mu(o_t) = exp(logp_mu)``,
+  ``entropy_pi``, ``age = version - token_version`` (learner versions).
+
+Premises of ESTR (arXiv 2607.22186, Sec. 3.1 and 3.5), with FIXED bins and a bootstrap
+over runs (over steps when there is one run):
+
+(a) staleness drift grows with the entropy: ``E[delta_stale^2 | H] = a H + b``;
+(b) mismatch explodes for improbable tokens: ``E[delta_mis^2 | q]`` grows as ``q -> 0``;
+    fitted as a power law ``E[delta_mis^2 | q] ~ c ((1 - q) / q)^k`` (the paper's
+    off-mode model has ``k = 1`` for a fixed logit perturbation; Var(xi)/q^2 corresponds
+    to ``k = 2``).
+
+Command line: ``python -m experiments.analysis.decompose RUN_DIR [RUN_DIR ...] --out DIR``
+writes ``DIR/tokens.npz`` (the per-token table), ``DIR/decomposition.json`` (bins, fits
+with 95 % intervals, gate curves' key points) and, with ``--figures``, the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import sys
+from typing import Any, Sequence
+
+import numpy as np
+
+from experiments.analysis import gate_curves as gc
+from experiments.analysis.runs import Run, load_runs
+
+# fixed bins (left edges; the last bin is open-ended)
+ENTROPY_EDGES = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0, 2.0, 3.0)
+Q_EDGES = (0.0, 1e-3, 1e-2, 0.05, 0.2, 0.5, 0.8, 0.95, 0.99, 0.999)
+FIELDS = ("run", "step", "row", "entropy_mu", "entropy_pi", "logp_mu", "logp_pi",
+          "logp_version", "delta", "delta_mis", "delta_stale", "age")
+
+
+@dataclasses.dataclass(frozen=True)
+class Decomposed:
+    """Loss tokens of one or more runs, flattened; every field ``[N]``: ``run`` (int64 index
+    into the runs given), ``step`` (int64), ``row`` (int64: the trajectory's row in its
+    step), ``entropy_mu``, ``entropy_pi``, ``logp_mu``, ``logp_pi``, ``logp_version``
+    (float64 from float32, nats), ``delta``, ``delta_mis``, ``delta_stale`` (float64 of
+    the float32 differences), ``age`` (int64 versions; -1 when the step has no metrics
+    row)."""
+
+    run: np.ndarray
+    step: np.ndarray
+    row: np.ndarray
+    entropy_mu: np.ndarray
+    entropy_pi: np.ndarray
+    logp_mu: np.ndarray
+    logp_pi: np.ndarray
+    logp_version: np.ndarray
+    delta: np.ndarray
+    delta_mis: np.ndarray
+    delta_stale: np.ndarray
+    age: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.delta)
+
+    @property
+    def q(self) -> np.ndarray:
+        """``mu(o_t) = exp(logp_mu)``, the sampled token's behaviour probability."""
+        return np.exp(self.logp_mu)
+
+    def select(self, keep: np.ndarray) -> "Decomposed":
+        return Decomposed(*(getattr(self, f)[keep] for f in FIELDS))
+
+
+def load_run(run: Run, index: int = 0) -> tuple[Decomposed, dict[str, np.ndarray]]:
+    """A run's decomposed loss tokens, and each token's gate scores that need the step's
+    ``[B, T]`` structure (``trm``: its row's statistic; ``m2po``: its rank in the step).
+
+    Raises:
+      FileNotFoundError: no token samples in the run (names the directory).
+      ValueError: token samples without ``logp_version`` (an ``async`` run, or one that
+        predates the decomposition), naming the file and the fix.
+    """
+    files = sorted((run.path / "token_samples").glob("step_*.npz"),
+                   key=lambda p: int(p.stem.split("_")[1]))
+    if not files:
+        raise FileNotFoundError(f"no token samples in {run.path / 'token_samples'} "
+                                "(the run needs token_samples_every > 0)")
+    version = {m["step"]: m["version"] for m in run.metrics}
+    parts: dict[str, list] = {f: [] for f in FIELDS}
+    seq = {"trm": [], "m2po": []}
+    for path in files:
+        n = int(path.stem.split("_")[1])
+        with np.load(path) as z:
+            if "logp_version" not in z:
+                raise ValueError(
+                    f"{path} has no logp_version: the run was not decomposed (async mode, or "
+                    "written before the decomposition existed); rerun it in sync or "
+                    "simulated staleness mode, which score every sampled token at its "
+                    "version")
+            m = z["loss_mask"].astype(bool)
+            f32 = {k: z[k].astype(np.float32) for k in ("logp_pi", "logp_mu", "logp_version",
+                                                         "entropy_mu", "entropy_pi")}
+        delta = f32["logp_pi"] - f32["logp_mu"]
+        for k, v in f32.items():
+            parts[k].append(v[m].astype(np.float64))
+        parts["delta"].append(delta[m].astype(np.float64))
+        parts["delta_mis"].append((f32["logp_version"] - f32["logp_mu"])[m].astype(np.float64))
+        parts["delta_stale"].append((f32["logp_pi"] - f32["logp_version"])[m].astype(np.float64))
+        with np.load(path) as z:
+            tv = z["token_version"][m].astype(np.int64)
+        parts["age"].append(version[n] - tv if n in version else np.full(m.sum(), -1, np.int64))
+        parts["run"].append(np.full(m.sum(), index, np.int64))
+        parts["step"].append(np.full(m.sum(), n, np.int64))
+        parts["row"].append(np.nonzero(m)[0].astype(np.int64))
+        seq["trm"].append(gc.score_trm(delta, m)[m])
+        seq["m2po"].append(gc.score_m2po(delta[m]))
+    tokens = Decomposed(**{k: np.concatenate(v) for k, v in parts.items()})
+    return tokens, {k: np.concatenate(v) for k, v in seq.items()}
+
+
+def load(runs: Sequence[Run]) -> tuple[Decomposed, dict[str, np.ndarray]]:
+    """`load_run` of several runs, concatenated (``run`` indexes ``runs``)."""
+    loaded = [load_run(r, i) for i, r in enumerate(runs)]
+    tokens = Decomposed(**{f: np.concatenate([getattr(t, f) for t, _ in loaded]) for f in FIELDS})
+    return tokens, {k: np.concatenate([s[k] for _, s in loaded]) for k in ("trm", "m2po")}
+
+
+def classify(t: Decomposed) -> tuple[np.ndarray, np.ndarray]:
+    """``(stale, mis)`` ``[N] bool``: a token is *mismatch-dominated* when the mismatch
+    accounts for more of its log-ratio than the drift does, ``|delta_mis| > |delta_stale|``,
+    and *staleness-dominated* otherwise (``|delta_stale| >= |delta_mis|``); every token is
+    in exactly one class."""
+    mis = np.abs(t.delta_mis) > np.abs(t.delta_stale)
+    return ~mis, mis
+
+
+def scores(t: Decomposed, seq: dict[str, np.ndarray], eps: float = 0.01) -> dict[str, np.ndarray]:
+    """Every gate's score per token (`experiments.analysis.gate_curves`)."""
+    return {"entr": gc.score_entr(t.delta, t.entropy_mu, eps),
+            "icepop": gc.score_icepop(t.delta),
+            "kpop": gc.score_kpop(t.logp_pi, t.logp_mu),
+            "trm": seq["trm"], "m2po": seq["m2po"],
+            "tis": gc.score_tis(t.delta)}
+
+
+def binned(x: np.ndarray, y: np.ndarray, edges: Sequence[float]) -> dict[str, list]:
+    """``count``, ``x_mean`` and ``y_mean`` per fixed bin ``edges[i] <= x < edges[i+1]``
+    (the last bin open-ended; tokens below ``edges[0]`` dropped); NaN means for empty
+    bins."""
+    idx = np.searchsorted(np.asarray(edges, np.float64), x, side="right") - 1
+    k = len(edges)
+    count = np.bincount(idx[idx >= 0], minlength=k)[:k]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        xm = np.bincount(idx[idx >= 0], weights=x[idx >= 0], minlength=k)[:k] / count
+        ym = np.bincount(idx[idx >= 0], weights=y[idx >= 0], minlength=k)[:k] / count
+    return {"edges": list(map(float, edges)), "count": count.tolist(),
+            "x_mean": xm.tolist(), "y_mean": ym.tolist()}
+
+
+def _wls(x, y, w, log: bool = False) -> tuple[float, float]:
+    """Weighted least squares ``y = a x + b`` (or ``log y = a log x + b``) over bins with
+    positive weight and finite values; (NaN, NaN) with fewer than two."""
+    x, y, w = (np.asarray(v, np.float64) for v in (x, y, w))
+    if log:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            x, y = np.log(x), np.log(y)
+    ok = np.isfinite(x) & np.isfinite(y) & (w > 0)
+    if ok.sum() < 2:
+        return float("nan"), float("nan")
+    a, b = np.polyfit(x[ok], y[ok], 1, w=np.sqrt(w[ok]))
+    return float(a), float(b)
+
+
+def premise_fits(t: Decomposed) -> dict[str, Any]:
+    """Point estimates: (a) slope/intercept of ``E[delta_stale^2 | H]`` on H over
+    `ENTROPY_EDGES` bins, count-weighted; (b) exponent ``k`` of ``E[delta_mis^2 | q] ~
+    c ((1-q)/q)^k`` over `Q_EDGES` bins below q = 0.999 (log-log, count-weighted), and
+    ``E[delta_mis^2 | H]`` per entropy bin."""
+    a = binned(t.entropy_mu, t.delta_stale ** 2, ENTROPY_EDGES)
+    slope, intercept = _wls(a["x_mean"], a["y_mean"], a["count"])
+    q = t.q
+    b = binned(q, t.delta_mis ** 2, Q_EDGES)
+    odds = [(1 - m) / m if m == m and 0 < m < 1 else float("nan") for m in b["x_mean"]]
+    k, logc = _wls(odds[:-1], b["y_mean"][:-1], b["count"][:-1], log=True)
+    return {"stale_vs_entropy": {"bins": a, "slope": slope, "intercept": intercept},
+            "mis_vs_q": {"bins": b, "odds": odds, "exponent": k, "log_coef": logc},
+            "mis_vs_entropy": binned(t.entropy_mu, t.delta_mis ** 2, ENTROPY_EDGES)}
+
+
+def bootstrap(t: Decomposed, n_boot: int = 200, seed: int = 0) -> dict[str, Any]:
+    """95 % percentile intervals of the slope (a) and the exponent (b), resampling whole
+    runs with replacement (whole steps when there is one run): the unit of independence
+    is the run (its tokens share weights, prompts and warm start)."""
+    unit = t.run if len(np.unique(t.run)) > 1 else t.step
+    units = np.unique(unit)
+    members = {u: np.nonzero(unit == u)[0] for u in units}
+    rng = np.random.default_rng(seed)
+    slopes, exps = [], []
+    for _ in range(n_boot):
+        pick = rng.choice(units, len(units), replace=True)
+        sub = t.select(np.concatenate([members[u] for u in pick]))
+        f = premise_fits(sub)
+        slopes.append(f["stale_vs_entropy"]["slope"])
+        exps.append(f["mis_vs_q"]["exponent"])
+
+    def ci(v):
+        v = np.asarray(v, np.float64)
+        v = v[np.isfinite(v)]
+        return [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))] if len(v) else None
+
+    return {"unit": "run" if unit is t.run else "step", "units": int(len(units)),
+            "n_boot": n_boot, "slope_ci95": ci(slopes), "exponent_ci95": ci(exps)}
+
+
+def gate_report(t: Decomposed, seq: dict[str, np.ndarray], eps: float = 0.01,
+                grids: dict[str, Sequence[float]] | None = None) -> dict[str, Any]:
+    """Every gate's curve key points (`gate_curves.key_points`), overall and per entropy
+    bin, and the rule-based ENTR ``tau`` that cuts at most 2 % of the
+    staleness-dominated tokens."""
+    stale, mis = classify(t)
+    sc = scores(t, seq, eps)
+    grids = grids or {}
+    out: dict[str, Any] = {"classes": {"stale": int(stale.sum()), "mis": int(mis.sum())},
+                           "overall": {}, "by_entropy": []}
+    for g in gc.GATES:
+        c = gc.curve(g, sc[g], stale, mis)
+        out["overall"][g] = gc.key_points(c, grid=grids.get(g, ()))
+    out["tau_rule_2pct"] = gc.curve("entr", sc["entr"], stale, mis).threshold_at_x(0.02)
+    idx = np.searchsorted(np.asarray(ENTROPY_EDGES), t.entropy_mu, side="right") - 1
+    for i, lo in enumerate(ENTROPY_EDGES):
+        sel = idx == i
+        row = {"lo": lo, "hi": ENTROPY_EDGES[i + 1] if i + 1 < len(ENTROPY_EDGES) else None,
+               "stale": int((sel & stale).sum()), "mis": int((sel & mis).sum())}
+        for g in gc.GATES:
+            c = gc.curve(g, sc[g][sel], stale[sel], mis[sel])
+            row[g] = {"auc": c.auc(), "default": c.at_threshold(gc.DEFAULTS[g])}
+        out["by_entropy"].append(row)
+    return out
+
+
+def report(runs: Sequence[Run], n_boot: int = 200, eps: float = 0.01
+           ) -> tuple[Decomposed, dict[str, np.ndarray], dict[str, Any]]:
+    """The decomposition of ``runs`` (tokens, their sequence-level gate scores) and its JSON
+    report (premises, bootstrap, gates)."""
+    t, seq = load(runs)
+    summary = {
+        "runs": [str(r.path) for r in runs], "tokens": len(t),
+        "delta_sq_mean": float(np.mean(t.delta ** 2)),
+        "delta_mis_sq_mean": float(np.mean(t.delta_mis ** 2)),
+        "delta_stale_sq_mean": float(np.mean(t.delta_stale ** 2)),
+        "max_abs_delta_mis": float(np.max(np.abs(t.delta_mis))) if len(t) else 0.0,
+        "max_abs_sum_error": float(np.max(np.abs(t.delta_mis + t.delta_stale - t.delta)))
+        if len(t) else 0.0,
+        "premises": premise_fits(t), "bootstrap": bootstrap(t, n_boot),
+        "gates": gate_report(t, seq, eps),
+    }
+    return t, seq, summary
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.analysis.decompose",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", help="run directories, or folders of run directories")
+    ap.add_argument("--out", required=True, help="output folder (tokens.npz, decomposition.json)")
+    ap.add_argument("--n-boot", type=int, default=200)
+    ap.add_argument("--eps", type=float, default=0.01, help="ENTR's entropy floor")
+    ap.add_argument("--figures", action="store_true", help="also write PNG figures (matplotlib)")
+    args = ap.parse_args(argv)
+    try:
+        runs = [r for root in args.runs for r in load_runs(root)]
+        tokens, seq, summary = report(runs, args.n_boot, args.eps)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"decompose: {e}", file=sys.stderr)
+        return 2
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(out / "tokens.npz", **{f: getattr(tokens, f) for f in FIELDS},
+                        q=tokens.q)
+    (out / "decomposition.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
+    if args.figures:
+        from experiments.analysis.decompose_plots import write_figures
+
+        write_figures(tokens, seq, summary, out)
+    a, b = summary["premises"]["stale_vs_entropy"], summary["premises"]["mis_vs_q"]
+    boot = summary["bootstrap"]
+    print(f"{len(tokens)} tokens of {len(runs)} run(s) -> {out}")
+    print(f"(a) E[delta_stale^2 | H] slope {a['slope']:.4g} (95% CI {boot['slope_ci95']}, "
+          f"bootstrap over {boot['units']} {boot['unit']}s)")
+    print(f"(b) E[delta_mis^2 | q] ~ ((1-q)/q)^k, k = {b['exponent']:.3g} "
+          f"(95% CI {boot['exponent_ci95']})")
+    for g, kp in summary["gates"]["overall"].items():
+        print(f"gate {g:7s} AUC {kp['auc']:.3f}  mis cut at 2% stale cut "
+              f"{kp['y_at_x']['0.02']:.3f}  default: stale {kp['default']['x']:.4f} "
+              f"mis {kp['default']['y']:.4f}")
+    print(f"ENTR tau cutting <= 2% of staleness-dominated tokens: "
+          f"{summary['gates']['tau_rule_2pct']:.4g}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

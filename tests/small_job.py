@@ -1,0 +1,51 @@
+"""Helpers for tests that run the main job on the very small model of the
+``small_model_dir`` fixture (tests/conftest.py)."""
+
+import dataclasses
+import json
+
+import numpy as np
+
+from entr_jax.staleness import StalenessConfig
+from experiments.configs import QUICKSTART
+from experiments.loop import Job
+
+
+def small_config(model_dir, run_dir, **changes):
+    """The quickstart shrunk to seconds: 4 RL steps of 2 prompts x 3 samples, no SFT,
+    inter lag 1, token samples every 2 steps, checkpoints every 2; ``changes`` replace
+    top-level fields."""
+    q = QUICKSTART
+    cfg = dataclasses.replace(
+        q, run_dir=str(run_dir), rl_steps=4, token_samples_every=2,
+        model=dataclasses.replace(q.model, path=str(model_dir)),
+        task=dataclasses.replace(q.task, prompts_per_step=2, samples_per_prompt=3,
+                                 max_new_tokens=6, max_total_tokens=6, eval_examples=2,
+                                 eval_samples=1, arithmetic_max_chars=5),
+        sft=dataclasses.replace(q.sft, steps=0),
+        staleness=StalenessConfig(mode="simulated", inter_lag=1, intra_switches=0,
+                                  ring_size=2),
+        checkpoint=dataclasses.replace(q.checkpoint, every=2, keep=2),
+    )
+    return dataclasses.replace(cfg, **changes)
+
+
+def run(cfg, resume=False):
+    """Run (or resume) ``cfg`` without progress bars; returns ``(job, summary)``."""
+    job = Job(cfg, resume=resume, show_progress=False)
+    summary = job.run_job()
+    return job, summary
+
+
+def metrics(run_dir):
+    """The rows of ``run_dir/metrics.jsonl``."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def synthetic_advantages(self, batch):
+    """A stand-in for ``Job.advantages`` (monkeypatch it in): +1 when an episode's first
+    response token id is even, else -1, a signal the untrained small policy can follow (the
+    task's reward is 0 for all its samples, so GRPO's advantages would be 0 and nothing
+    would move)."""
+    return np.array([1.0 if len(t.response_ids) and int(t.response_ids[0]) % 2 == 0 else -1.0
+                     for t in batch.trajectories], np.float32)

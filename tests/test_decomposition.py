@@ -1,0 +1,169 @@
+"""The split of every log-ratio into mismatch and staleness (`experiments.decomposition`,
+`experiments.analysis.decompose`): exact on a planted mismatch, zero staleness at lag 0,
+zero mismatch with a float32 sampler, and the parts adding up to the whole."""
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from entr_jax.interfaces import SamplingParams
+from entr_jax.model import from_pretrained
+from entr_jax.staleness import ParamRing, StalenessConfig
+from entr_jax.types import Trajectory
+from experiments.analysis import decompose
+from experiments.analysis.runs import load_run
+from experiments.config import SamplerSpec
+from experiments.decomposition import logp_at_token_version
+from experiments.loop import Job
+from learners.learner import Learner, LearnerConfig
+from learners.optim import OptimizerConfig
+from samplers.jax_sampler import JaxSampler, JaxSamplerConfig
+from tests.small_job import run, small_config, synthetic_advantages
+
+PLANT = 0.5  # the sampler's logits are (1 + PLANT) x the learner's: temperature 1 / 1.5
+
+
+def _planted(state, c):
+    """The weights with the final norm's scale times (1 + c): every logit times (1 + c)
+    (the LM head is linear in the normed hidden state)."""
+    return jax.tree_util.tree_map_with_path(
+        lambda p, x: x * (1 + c) if "final_norm" in jax.tree_util.keystr(p) else x, state)
+
+
+def test_a_planted_mismatch_of_known_size_is_recovered(small_model_dir):
+    """The sampler serves version v's weights with every logit scaled by 1.5, switching from
+    version 0 to version 1 at decode step 2; each token's delta_mis must equal
+    log softmax(z)[y] - log softmax(1.5 z)[y] of the learner's own logits z at the token's
+    version, and the tokens of each version must be scored with that version's weights."""
+    model = from_pretrained(small_model_dir)
+    learner = Learner(lambda: from_pretrained(small_model_dir),
+                      LearnerConfig(optimizer=OptimizerConfig(learning_rate=1e-3), pad_id=3,
+                                    chunk_size=8))
+    w0 = learner.published_weights()
+    w1 = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(1), x.shape, x.dtype), w0)
+    ring = ParamRing(2)
+    ring.push(0, w0)
+    ring.push(1, w1)
+    sampler = JaxSampler(nnx.merge(nnx.split(model)[0], _planted(w0, PLANT)), version=0,
+                         config=JaxSamplerConfig(max_batch_size=8))
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, stop_token_ids=(), seed=3)
+    gens = sampler.generate([[5, 6, 7], [8, 9]], params, num_samples=3,
+                            weight_schedule=[(2, _planted(w1, PLANT), 1)])
+    trajs = [Trajectory.from_generation(g) for samples in gens for g in samples]
+    assert {int(v) for t in trajs for v in t.token_version} == {0, 1}
+
+    logp_version = logp_at_token_version(learner, trajs, ring, [0, 1])
+    arrays = learner.token_logprobs(trajs)
+    mask = arrays["loss_mask"].astype(bool)
+    delta_mis = (logp_version - arrays["logp_mu"])[mask]
+
+    expected = np.zeros_like(logp_version)
+    for v, w in ((0, w0), (1, w1)):
+        net = nnx.merge(nnx.split(model)[0], w)
+        for b, t in enumerate(trajs):
+            ids = np.concatenate([t.prompt_ids, t.response_ids])[None]
+            z = net(jnp.asarray(ids))[0, len(t.prompt_ids) - 1:-1]  # predicts each response token
+            y = t.response_ids
+            lp = jax.nn.log_softmax(z)[np.arange(len(y)), y]
+            lq = jax.nn.log_softmax((1 + PLANT) * z)[np.arange(len(y)), y]
+            p = len(t.prompt_ids) - 1
+            here = t.token_version == v
+            expected[b, p:p + len(y)][here] = np.asarray(lp - lq)[here]
+    np.testing.assert_allclose(delta_mis, expected[mask], atol=2e-5)
+    assert np.mean(expected[mask] ** 2) > 1e-3  # the plant is far above the tolerance
+
+
+def test_tokens_of_a_version_outside_the_batch_plan_are_refused(small_model_dir):
+    learner = Learner(lambda: from_pretrained(small_model_dir),
+                      LearnerConfig(optimizer=OptimizerConfig(), pad_id=3, chunk_size=8))
+    ring = ParamRing(1)
+    ring.push(0, learner.published_weights())
+    t = Trajectory(prompt_ids=np.array([5], np.int32), response_ids=np.array([6, 7], np.int32),
+                   logp_mu=np.zeros(2, np.float32), entropy_mu=np.zeros(2, np.float32),
+                   token_version=np.array([0, 4], np.int32), loss_mask=np.ones(2, bool))
+    with pytest.raises(ValueError, match=r"versions \[4\] are not among"):
+        logp_at_token_version(learner, [t], ring, [0])
+
+
+@pytest.fixture(scope="module")
+def decomposed_runs(small_model_dir, tmp_path_factory):
+    """Three short runs with token samples every step: sync with the float32 sampler,
+    simulated staleness (inter lag 1, two in-flight switches) with the float32 sampler,
+    and the same with int8 sampler weights."""
+    root = tmp_path_factory.mktemp("decomposed")
+    stale = StalenessConfig(mode="simulated", inter_lag=1, intra_switches=2, switch_window=3,
+                            ring_size=3)
+    cfgs = {
+        "sync": dict(staleness=StalenessConfig(mode="sync")),
+        "stale": dict(staleness=stale),
+        "stale_int8": dict(staleness=stale, sampler=SamplerSpec(weight_quant="int8")),
+    }
+    out = {"dirs": {}}
+    patch = pytest.MonkeyPatch()
+    patch.setattr(Job, "advantages", synthetic_advantages)  # the policy moves
+    for name, changes in cfgs.items():
+        cfg = small_config(small_model_dir, root / name, rl_steps=4, token_samples_every=1,
+                           **changes)
+        cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, learning_rate=3e-3))
+        run(cfg)
+        out[name] = decompose.load_run(load_run(root / name))[0]
+        out["dirs"][name] = root / name
+    patch.undo()
+    return out
+
+
+def test_at_lag_zero_the_staleness_part_is_exactly_zero(decomposed_runs):
+    t = decomposed_runs["sync"]
+    assert len(t) > 20 and np.all(t.age == 0)
+    assert np.all(t.delta_stale == 0.0)
+
+
+def test_a_float32_sampler_has_no_mismatch_and_the_parts_add_up(decomposed_runs):
+    for name in ("sync", "stale"):
+        t = decomposed_runs[name]
+        assert np.max(np.abs(t.delta_mis)) <= 1e-5, name
+        np.testing.assert_allclose(t.delta_mis + t.delta_stale, t.delta, atol=1e-6)
+    t = decomposed_runs["stale"]
+    old = t.age > 0
+    assert old.sum() > 10 and np.mean(np.abs(t.delta_stale[old]) > 1e-4) > 0.5
+    assert np.all(t.age >= 0) and t.age.max() >= 2  # inter lag 1 + in-flight switches
+
+
+def test_int8_sampler_weights_are_a_mismatch_the_decomposition_sees(decomposed_runs):
+    t = decomposed_runs["stale_int8"]
+    np.testing.assert_allclose(t.delta_mis + t.delta_stale, t.delta, atol=1e-6)
+    f32 = decomposed_runs["stale"]
+    # far above the float32 sampler's (a random-init small model: int8 gives ~3e-4 here)
+    rms = np.sqrt(np.mean(t.delta_mis ** 2))
+    assert rms > 1e-4 and rms > 20 * np.max(np.abs(f32.delta_mis))
+    # the same seed and staleness: the stale part is drift of comparable size in both runs
+    ratio = np.mean(t.delta_stale ** 2) / np.mean(f32.delta_stale ** 2)
+    assert 0.1 < ratio < 10
+
+
+def test_the_cli_writes_the_table_and_the_report(decomposed_runs, tmp_path):
+    dirs = [decomposed_runs["dirs"][n] for n in ("stale", "stale_int8")]
+    out = tmp_path / "out"
+    assert decompose.main([*map(str, dirs), "--out", str(out), "--n-boot", "20"]) == 0
+    report = json.loads((out / "decomposition.json").read_text())
+    z = np.load(out / "tokens.npz")
+    n = sum(len(decomposed_runs[k]) for k in ("stale", "stale_int8"))
+    assert report["tokens"] == len(z["delta"]) == n
+    assert sorted(set(z["run"].tolist())) == [0, 1]
+    assert report["bootstrap"]["unit"] == "run" and report["bootstrap"]["units"] == 2
+    assert report["max_abs_sum_error"] <= 1e-6
+    assert set(report["gates"]["overall"]) == {"entr", "icepop", "kpop", "trm", "m2po", "tis"}
+    np.testing.assert_allclose(z["q"], np.exp(z["logp_mu"]))
+
+
+def test_a_run_without_the_decomposition_is_refused_with_the_fix(tmp_path, small_model_dir):
+    run(small_config(small_model_dir, tmp_path / "async", rl_steps=2, token_samples_every=1,
+                     staleness=StalenessConfig(mode="async", max_staleness=1, intra_switches=0,
+                                               ring_size=1)))
+    with pytest.raises(ValueError, match="rerun it in sync or simulated"):
+        decompose.load_run(load_run(tmp_path / "async"))
