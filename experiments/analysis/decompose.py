@@ -183,16 +183,23 @@ def premise_fits(t: Decomposed) -> dict[str, Any]:
     """Point estimates: (a) slope/intercept of ``E[delta_stale^2 | H]`` on H over
     `ENTROPY_EDGES` bins, count-weighted; (b) exponent ``k`` of ``E[delta_mis^2 | q] ~
     c ((1-q)/q)^k`` over `Q_EDGES` bins below q = 0.999 (log-log, count-weighted), and
-    ``E[delta_mis^2 | H]`` per entropy bin."""
+    ``E[delta_mis^2 | H]`` per entropy bin, for all tokens and apart for off-mode tokens
+    (``q < 0.5``) and the others: the paper's low-entropy amplification is large
+    ``E[delta_mis^2 | H, off-mode]`` at small H."""
     a = binned(t.entropy_mu, t.delta_stale ** 2, ENTROPY_EDGES)
     slope, intercept = _wls(a["x_mean"], a["y_mean"], a["count"])
     q = t.q
     b = binned(q, t.delta_mis ** 2, Q_EDGES)
     odds = [(1 - m) / m if m == m and 0 < m < 1 else float("nan") for m in b["x_mean"]]
     k, logc = _wls(odds[:-1], b["y_mean"][:-1], b["count"][:-1], log=True)
+    off = q < 0.5  # not the mode: a sampled token with mu <= 0.5 has a likelier rival
     return {"stale_vs_entropy": {"bins": a, "slope": slope, "intercept": intercept},
             "mis_vs_q": {"bins": b, "odds": odds, "exponent": k, "log_coef": logc},
-            "mis_vs_entropy": binned(t.entropy_mu, t.delta_mis ** 2, ENTROPY_EDGES)}
+            "mis_vs_entropy": binned(t.entropy_mu, t.delta_mis ** 2, ENTROPY_EDGES),
+            "mis_vs_entropy_off_mode": binned(t.entropy_mu[off], t.delta_mis[off] ** 2,
+                                              ENTROPY_EDGES),
+            "mis_vs_entropy_mode": binned(t.entropy_mu[~off], t.delta_mis[~off] ** 2,
+                                          ENTROPY_EDGES)}
 
 
 def bootstrap(t: Decomposed, n_boot: int = 200, seed: int = 0) -> dict[str, Any]:
@@ -260,9 +267,42 @@ def report(runs: Sequence[Run], n_boot: int = 200, eps: float = 0.01
         "max_abs_sum_error": float(np.max(np.abs(t.delta_mis + t.delta_stale - t.delta)))
         if len(t) else 0.0,
         "premises": premise_fits(t), "bootstrap": bootstrap(t, n_boot),
-        "gates": gate_report(t, seq, eps),
+        "gates": gate_report(t, seq, eps, grids={g: (gc.DEFAULTS[g],) for g in gc.GATES}),
     }
     return t, seq, summary
+
+
+def group_runs(runs: Sequence[Run], keys: Sequence[str]) -> dict[str, list[Run]]:
+    """Runs grouped by the values of dotted config ``keys`` (e.g.
+    ``sampler.weight_quant``); label ``key=value,...`` (last dotted part of each key)."""
+    from experiments.comparison import flatten
+
+    groups: dict[str, list[Run]] = {}
+    for r in runs:
+        flat = flatten(r.config)
+        label = ",".join(f"{k.split('.')[-1]}={flat.get(k)}" for k in keys)
+        groups.setdefault(label, []).append(r)
+    return dict(sorted(groups.items()))
+
+
+def mismatch_table(summaries: dict[str, dict[str, Any]]) -> str:
+    """A Markdown table, one row per group: tokens, runs, ``E[delta_mis^2]``, the largest
+    ``|delta_mis|``, the exponent ``k`` with its interval, ``E[delta_mis^2 | H]`` of
+    off-mode tokens (``q < 0.5``) per entropy bin, and the share ENTR (tau 1) cuts."""
+    heads = [f"H>={e:g}" for e in ENTROPY_EDGES[:-1]]
+    lines = ["| condition | runs | tokens | E[d_mis^2] | max abs d_mis | k [95% CI] | "
+             + " | ".join(f"off-mode {h}" for h in heads) + " | ENTR tau=1 cuts |",
+             "|" + "---|" * (7 + len(heads))]
+    g = lambda v: "" if v is None or v != v else f"{v:.2g}"  # noqa: E731
+    for label, s in summaries.items():
+        k, ci = s["premises"]["mis_vs_q"]["exponent"], s["bootstrap"]["exponent_ci95"]
+        off = s["premises"]["mis_vs_entropy_off_mode"]
+        cells = [f"{g(y)} ({n})" for y, n in zip(off["y_mean"][:-1], off["count"][:-1])]
+        entr = s["gates"]["overall"]["entr"]["grid"]
+        lines.append(f"| {label} | {len(s['runs'])} | {s['tokens']} | {g(s['delta_mis_sq_mean'])} | "
+                     f"{g(s['max_abs_delta_mis'])} | {k:.2f} [{', '.join(f'{c:.2f}' for c in ci) if ci else ''}] | "
+                     + " | ".join(cells) + f" | {entr[0]['all']:.4f} |")
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -273,9 +313,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--n-boot", type=int, default=200)
     ap.add_argument("--eps", type=float, default=0.01, help="ENTR's entropy floor")
     ap.add_argument("--figures", action="store_true", help="also write PNG figures (matplotlib)")
+    ap.add_argument("--by", metavar="FIELD", nargs="+", default=None,
+                    help="report each group of runs with equal values of these dotted config "
+                         "fields apart (OUT/<group>/) and print a table of the groups")
     args = ap.parse_args(argv)
     try:
         runs = [r for root in args.runs for r in load_runs(root)]
+        if args.by:
+            summaries = {}
+            for label, group in group_runs(runs, args.by).items():
+                _, _, summaries[label] = report(group, args.n_boot, args.eps)
+                where = pathlib.Path(args.out) / label
+                where.mkdir(parents=True, exist_ok=True)
+                (where / "decomposition.json").write_text(
+                    json.dumps(summaries[label], indent=1, default=float) + "\n")
+            table = mismatch_table(summaries)
+            (pathlib.Path(args.out) / "groups.md").write_text(table + "\n")
+            print(table)
+            return 0
         tokens, seq, summary = report(runs, args.n_boot, args.eps)
     except (FileNotFoundError, ValueError) as e:
         print(f"decompose: {e}", file=sys.stderr)

@@ -1,0 +1,104 @@
+"""The report of a pre-registered study (`experiments.study`): per arm, the primary and
+secondary metrics with 95 % intervals; paired differences against the baseline (and the
+sync arm) over (warm start, seed) pairs with 95 % t intervals; the smallest difference the
+design could detect with 80 % power; each arm's tuned value beside its result.
+
+Paired difference of arms A and B: ``d_i = metric(A, w_i, s_i) - metric(B, w_i, s_i)``
+over the pairs (warm start, seed) both finished; interval ``mean(d) +- t_{0.975, n-1}
+sd(d) / sqrt(n)``. Detectable difference (two-sided paired t test at level alpha, power
+1 - beta): ``(t_{1-alpha/2, n-1} + t_{1-beta, n-1}) sd(d) / sqrt(n)`` (the usual
+approximation that treats the noncentral t as shifted).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+from scipy import stats as _st
+
+from experiments.analysis.stats import mean_ci
+
+
+def detectable_difference(sd: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The smallest true paired difference a two-sided paired t test of ``n`` pairs with
+    standard deviation ``sd`` detects with probability ``power`` at level ``alpha``
+    (NaN for ``n < 2``)."""
+    if n < 2 or not math.isfinite(sd):
+        return float("nan")
+    return float((_st.t.ppf(1 - alpha / 2, n - 1) + _st.t.ppf(power, n - 1)) * sd / math.sqrt(n))
+
+
+def paired(rows: Sequence[dict[str, Any]], a: str, b: str, key: str) -> dict[str, Any]:
+    """Paired difference ``a - b`` of ``key`` over (ws, seed) pairs (module docstring)."""
+    va = {(r["ws"], r["seed"]): r[key] for r in rows if r["arm"] == a}
+    vb = {(r["ws"], r["seed"]): r[key] for r in rows if r["arm"] == b}
+    pairs = sorted(set(va) & set(vb))
+    d = np.array([va[p] - vb[p] for p in pairs], np.float64)
+    d = d[np.isfinite(d)]
+    mean, half, n = mean_ci(d.tolist())
+    sd = float(d.std(ddof=1)) if n > 1 else float("nan")
+    return {"mean": mean, "ci95": [mean - half, mean + half] if n > 1 else None, "n": n,
+            "sd": sd, "detectable_80": detectable_difference(sd, n),
+            "by_ws": {ws: float(np.mean([va[p] - vb[p] for p in pairs if p[0] == ws]))
+                      for ws in sorted({p[0] for p in pairs})}}
+
+
+def mask_fraction(path: str) -> float:
+    """Mean of a run's per-step ``mask/fraction`` (0 for an objective without a gate)."""
+    import json
+    import pathlib
+
+    rows = [json.loads(line) for line in (pathlib.Path(path) / "metrics.jsonl").read_text().splitlines()
+            if line.strip()]
+    vals = [r["mask/fraction"] for r in rows if "mask/fraction" in r]
+    return float(np.mean(vals)) if vals else 0.0
+
+
+def study_report(study: dict[str, Any], rows: list[dict[str, Any]],
+                 choice: dict[str, Any]) -> dict[str, Any]:
+    """The study's report from its test-stage rows (`experiments.study.stage_results`)."""
+    pre = study["preregistration"]
+    keys = [pre["primary_metric"], *pre.get("secondary_metrics", [])]
+    arms = sorted({r["arm"] for r in rows}, key=lambda a: (a != pre["baseline"], a))
+    out: dict[str, Any] = {"primary_metric": pre["primary_metric"], "baseline": pre["baseline"],
+                           "arms": {}}
+    sync = next((a for a in arms if study["comparison"]["methods"].get(a, {}).get(
+        "overrides", {}).get("staleness.mode") == "sync"), None)
+    for arm in arms:
+        mine = [r for r in rows if r["arm"] == arm]
+        entry: dict[str, Any] = {"runs": len(mine),
+                                 "tuned": choice["chosen"].get(arm, {}).get("own"),
+                                 "mask_fraction": float(np.mean([mask_fraction(r["path"]) for r in mine]))}
+        if arm.endswith("_rule") and "rule" in choice:
+            entry["tuned"] = {"tau": choice["rule"]["tau"], "by": "rule (2% of drift cut)"}
+        for k in keys:
+            m, h, n = mean_ci([r[k] for r in mine])
+            entry[k] = {"mean": m, "ci95_half": h, "n": n}
+            if arm != pre["baseline"]:
+                entry.setdefault("vs_baseline", {})[k] = paired(rows, arm, pre["baseline"], k)
+            if sync and arm != sync:
+                entry.setdefault("vs_sync", {})[k] = paired(rows, arm, sync, k)
+        out["arms"][arm] = entry
+    return out
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """A Markdown table of the primary metric per arm, with the paired differences."""
+    key, base = report["primary_metric"], report["baseline"]
+    f = lambda v: "n/a" if v is None or not math.isfinite(v) else f"{v:+.4f}"  # noqa: E731
+    lines = [f"primary metric: {key}; paired differences over (warm start, seed); "
+             "95% t intervals; detectable: 80% power at 5%",
+             f"| arm | tuned | runs | {key} | - {base} [95% CI] | detectable | - sync [95% CI] | mask |",
+             "|---|---|---|---|---|---|---|---|"]
+    for arm, e in report["arms"].items():
+        m = e[key]
+        vb = e.get("vs_baseline", {}).get(key)
+        vs = e.get("vs_sync", {}).get(key)
+        ci = lambda p: (f"{f(p['mean'])} [{f(p['ci95'][0])}, {f(p['ci95'][1])}]"  # noqa: E731
+                        if p and p["ci95"] else "")
+        lines.append(f"| {arm} | {e['tuned'] or ''} | {e['runs']} | {m['mean']:.4f} +- "
+                     f"{m['ci95_half']:.4f} | {ci(vb)} | {f(vb['detectable_80']) if vb else ''} | "
+                     f"{ci(vs)} | {e['mask_fraction']:.4f} |")
+    return "\n".join(lines)

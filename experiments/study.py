@@ -1,0 +1,290 @@
+"""Pre-registered method comparisons: every gate tuned on the same budget on tuning seeds,
+the chosen values tested on held-out seeds, from frozen warm starts.
+
+A study spec is a comparison sweep spec (`experiments.sweep`, `experiments.comparison`)
+with two more tables, written and committed before any of its runs::
+
+    preset = "stress"
+    [preregistration]
+    primary_metric = "eval_ref_logp_after"     # a summary.json key; higher is better
+    secondary_metrics = ["eval_accuracy_after"]
+    baseline = "grpo_async"                     # paired differences are taken against it
+    arms = ["grpo_sync", "grpo_async", "entr", "icepop"]   # compared in the test stage
+    tuning_arms = ["grpo_sync", "grpo_async"]  # also run on the tuning seeds (untuned)
+    rule_arm = "entr"                           # + "entr_rule": tau from the decomposition
+    tuning_seeds = [1000, 1001]
+    test_seeds = [0, 1, 2]
+    [[preregistration.warm_starts]]             # a blocking factor; runs refuse other weights
+    name = "A"
+    path = "warm_starts/stress_a"
+    sha256 = "..."                              # sha256sum model.safetensors
+    [tuning.entr]                               # candidates of a method's own parameters
+    own = [{ tau = 1.0 }, { tau = 2.0 }, { tau = 4.0 }, { tau = 8.0 }]
+    [comparison] ...                            # base and methods, as in a sweep spec
+    [fixed] ...
+
+Stages (each a set of sweeps, one per warm start, resumable: finished runs are skipped):
+
+* ``tune``: every candidate of every ``[tuning.X]`` method (labels ``X@0``, ``X@1``, ...)
+  and the ``tuning_arms`` on ``tuning_seeds`` x warm starts, into ``OUT/tune/<ws>/``;
+* ``choose``: per tuned method, the candidate with the highest mean primary metric over
+  its tuning runs (ties: the earlier candidate) -> ``OUT/choice.json``, with every
+  candidate's mean; with ``rule_arm``, the ENTR ``tau`` that cuts at most 2 % of the
+  staleness-dominated tokens of the baseline's tuning runs (`experiments.analysis.decompose`)
+  becomes the arm ``<rule_arm>_rule``;
+* ``test``: the ``arms`` with their chosen values (+ the rule arm) on ``test_seeds`` x
+  warm starts, into ``OUT/test/<ws>/``;
+* ``report``: `experiments.analysis.study_report`.
+
+Usage::
+
+    python -m experiments.study plan   SPEC.toml                  # what each stage runs
+    python -m experiments.study tune   SPEC.toml --out DIR --workers 2
+    python -m experiments.study choose SPEC.toml --out DIR
+    python -m experiments.study test   SPEC.toml --out DIR --workers 2
+    python -m experiments.study report SPEC.toml --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import pathlib
+import sys
+import tomllib
+from typing import Any
+
+from experiments import comparison, sweep
+
+REQUIRED = ("primary_metric", "baseline", "arms", "tuning_seeds", "test_seeds", "warm_starts")
+
+
+def load_study(path: str | pathlib.Path) -> dict[str, Any]:
+    """Read and check a study spec; ValueError naming the offending key."""
+    with open(path, "rb") as f:
+        spec = tomllib.load(f)
+    where = f"study spec {path}"
+    unknown = set(spec) - {"preset", "preregistration", "tuning", "comparison", "fixed"}
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
+    pre = spec.get("preregistration")
+    if not isinstance(pre, dict):
+        raise ValueError(f"{where}: a [preregistration] table is required")
+    missing = [k for k in REQUIRED if k not in pre]
+    if missing:
+        raise ValueError(f"{where}: [preregistration] lacks {missing}")
+    if "comparison" not in spec:
+        raise ValueError(f"{where}: a [comparison] table is required (the arms' methods)")
+    methods = spec["comparison"].get("methods", {})
+    for arm in [*pre["arms"], pre["baseline"], *pre.get("tuning_arms", [])]:
+        if arm not in methods:
+            raise ValueError(f"{where}: arm {arm!r} is not a [comparison.methods] table")
+    for name, t in spec.get("tuning", {}).items():
+        if name not in methods:
+            raise ValueError(f"{where}: [tuning.{name}] names no [comparison.methods] table")
+        if not isinstance(t.get("own"), list) or not t["own"]:
+            raise ValueError(f"{where}: [tuning.{name}] own must be a non-empty list of tables")
+    if set(pre["tuning_seeds"]) & set(pre["test_seeds"]):
+        raise ValueError(f"{where}: tuning_seeds and test_seeds overlap: "
+                         f"{sorted(set(pre['tuning_seeds']) & set(pre['test_seeds']))}")
+    for ws in pre["warm_starts"]:
+        if set(ws) != {"name", "path", "sha256"}:
+            raise ValueError(f"{where}: each warm start needs exactly name, path, sha256: {ws}")
+    rule = pre.get("rule_arm")
+    if rule is not None and methods.get(rule, {}).get("objective") != "entr":
+        raise ValueError(f"{where}: rule_arm {rule!r} must be an ENTR method")
+    spec.setdefault("fixed", {})
+    spec.setdefault("tuning", {})
+    return spec
+
+
+def _sweep_spec(study: dict[str, Any], methods: dict[str, dict], seeds: list[int],
+                ws: dict[str, str]) -> dict[str, Any]:
+    """The sweep spec of one stage and warm start (checked as `sweep.load_spec` checks)."""
+    spec = {"preset": study["preset"], "seeds": list(seeds), "grid": [{}],
+            "fixed": {**study["fixed"], "model.path": ws["path"], "model.sha256": ws["sha256"]},
+            "comparison": {"base": study["comparison"].get("base", {}), "methods": methods}}
+    comparison.parse_methods(spec, f"study stage ({ws['name']})")
+    return spec
+
+
+def _with_own(method: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(method)
+    out["own"] = {**out.get("own", {}), **own}
+    return out
+
+
+def tuning_methods(study: dict[str, Any]) -> dict[str, dict]:
+    """Label -> method of the tuning stage: ``X@i`` for candidate i of ``[tuning.X]``, and
+    the ``tuning_arms`` as they are."""
+    methods = study["comparison"]["methods"]
+    out = {f"{name}@{i}": _with_own(methods[name], own)
+           for name, t in study["tuning"].items() for i, own in enumerate(t["own"])}
+    out.update({a: methods[a] for a in study["preregistration"].get("tuning_arms", [])})
+    return out
+
+
+def test_methods(study: dict[str, Any], choice: dict[str, Any]) -> dict[str, dict]:
+    """Label -> method of the test stage: each arm with its chosen own values (tuned
+    methods), plus the rule arm."""
+    methods = study["comparison"]["methods"]
+    out = {}
+    for arm in study["preregistration"]["arms"]:
+        chosen = choice["chosen"].get(arm)
+        out[arm] = _with_own(methods[arm], chosen["own"]) if chosen else methods[arm]
+    rule = study["preregistration"].get("rule_arm")
+    if rule:
+        out[f"{rule}_rule"] = _with_own(methods[rule], {"tau": choice["rule"]["tau"]})
+    return out
+
+
+def stage_sweeps(study: dict[str, Any], stage: str, out: str | pathlib.Path,
+                 choice: dict[str, Any] | None = None) -> list[tuple[dict, pathlib.Path]]:
+    """``[(sweep spec, out dir)]`` of a stage, one per warm start."""
+    pre = study["preregistration"]
+    methods = tuning_methods(study) if stage == "tune" else test_methods(study, choice)
+    seeds = pre["tuning_seeds"] if stage == "tune" else pre["test_seeds"]
+    return [(_sweep_spec(study, methods, seeds, ws), pathlib.Path(out) / stage / ws["name"])
+            for ws in pre["warm_starts"]]
+
+
+def run_stage(study: dict[str, Any], stage: str, out: str | pathlib.Path, workers: int,
+              choice: dict[str, Any] | None = None, only: str | None = None) -> list[dict]:
+    """Run a stage's sweeps (finished runs skipped); returns the run records."""
+    records = []
+    for spec, where in stage_sweeps(study, stage, out, choice):
+        runs = sweep.expand(spec, where)
+        comparison.verify(spec, runs)
+        comparison.write_spec(spec, where)
+        records += sweep.run_local(spec, where, workers, only)
+    return records
+
+
+def _metric(summary: dict[str, Any], key: str) -> float:
+    value = summary.get(key)
+    return float(value) if value is not None else float("nan")
+
+
+def stage_results(study: dict[str, Any], stage: str, out: str | pathlib.Path,
+                  choice: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One row per finished run of a stage: ``arm`` (method label), ``ws``, ``seed``,
+    ``path`` and every pre-registered metric."""
+    pre = study["preregistration"]
+    keys = [pre["primary_metric"], *pre.get("secondary_metrics", [])]
+    rows = []
+    for spec, where in stage_sweeps(study, stage, out, choice):
+        ws = where.name
+        for run in sweep.expand(spec, where):
+            path = run.run_dir / "summary.json"
+            if not path.exists():
+                continue
+            summary = json.loads(path.read_text())
+            rows.append({"arm": json.loads((run.run_dir / "config.json").read_text())["name"],
+                         "ws": ws, "seed": run.overrides["seed"], "path": str(run.run_dir),
+                         **{k: _metric(summary, k) for k in keys}})
+    return rows
+
+
+def choose(study: dict[str, Any], out: str | pathlib.Path) -> dict[str, Any]:
+    """The tuning stage's choice (see the module docstring); written to ``OUT/choice.json``.
+
+    Raises:
+      ValueError: a candidate has fewer finished runs than tuning seeds x warm starts.
+    """
+    pre = study["preregistration"]
+    key = pre["primary_metric"]
+    rows = stage_results(study, "tune", out)
+    expected = len(pre["tuning_seeds"]) * len(pre["warm_starts"])
+    chosen, candidates = {}, {}
+    for name, t in study["tuning"].items():
+        means = []
+        for i, own in enumerate(t["own"]):
+            vals = [r[key] for r in rows if r["arm"] == f"{name}@{i}"]
+            if len(vals) < expected:
+                raise ValueError(f"choose: {name}@{i} ({own}) has {len(vals)} of {expected} "
+                                 "finished tuning runs: run the tune stage to the end first")
+            means.append(sum(vals) / len(vals))
+        best = max(range(len(means)), key=lambda i: (means[i], -i))
+        chosen[name] = {"own": t["own"][best], "index": best, "mean": means[best]}
+        candidates[name] = [{"own": own, "mean": m} for own, m in zip(t["own"], means)]
+    result = {"primary_metric": key, "chosen": chosen, "candidates": candidates,
+              "tuning_runs_per_candidate": expected}
+    if pre.get("rule_arm"):
+        result["rule"] = rule_tau(study, out)
+    path = pathlib.Path(out) / "choice.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def rule_tau(study: dict[str, Any], out: str | pathlib.Path) -> dict[str, Any]:
+    """The ENTR ``tau`` that cuts at most 2 % of the staleness-dominated tokens of the
+    baseline's tuning runs (no gate shapes their tokens), from the decomposition
+    (`experiments.analysis.decompose.gate_report`, ``tau_rule_2pct``)."""
+    from experiments.analysis import decompose
+    from experiments.analysis.runs import load_run
+
+    pre = study["preregistration"]
+    paths = [r["path"] for r in stage_results(study, "tune", out) if r["arm"] == pre["baseline"]]
+    if not paths:
+        raise ValueError(f"choose: no finished tuning runs of the baseline {pre['baseline']!r} "
+                         "to set the rule's tau from")
+    tokens, seq = decompose.load([load_run(p) for p in paths])
+    eps = study["comparison"]["methods"][pre["rule_arm"]].get("own", {}).get("eps", 0.01)
+    tau = decompose.gate_report(tokens, seq, eps)["tau_rule_2pct"]
+    if not math.isfinite(tau):
+        raise ValueError("choose: the decomposition gives no finite tau for the rule")
+    return {"tau": float(tau), "stale_cut_budget": 0.02, "runs": paths, "tokens": len(tokens)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.study", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("stage", choices=("plan", "tune", "choose", "test", "report"))
+    parser.add_argument("spec")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--only", metavar="REGEX", default=None,
+                        help="only the runs whose name matches REGEX (tune/test)")
+    args = parser.parse_args(argv)
+    try:
+        study = load_study(args.spec)
+        if args.stage != "plan" and not args.out:
+            raise ValueError(f"{args.stage} needs --out DIR")
+        choice = None
+        if args.stage in ("test", "report"):
+            path = pathlib.Path(args.out) / "choice.json"
+            if not path.exists():
+                raise ValueError(f"{path} is missing: run the choose stage first")
+            choice = json.loads(path.read_text())
+        if args.stage == "plan":
+            pre = study["preregistration"]
+            n_tune = len(tuning_methods(study)) * len(pre["tuning_seeds"]) * len(pre["warm_starts"])
+            n_arms = len(pre["arms"]) + bool(pre.get("rule_arm"))
+            n_test = n_arms * len(pre["test_seeds"]) * len(pre["warm_starts"])
+            print(json.dumps({"preregistration": pre, "tuning": study["tuning"],
+                              "tune_runs": n_tune, "test_runs": n_test}, indent=1))
+            return 0
+        if args.stage == "choose":
+            print(json.dumps(choose(study, args.out), indent=1))
+            return 0
+        if args.stage == "report":
+            from experiments.analysis.study_report import format_report, study_report
+
+            rows = stage_results(study, "test", args.out, choice)
+            print(format_report(study_report(study, rows, choice)))
+            return 0
+        records = run_stage(study, args.stage, args.out, args.workers, choice, args.only)
+    except (ValueError, TypeError, FileNotFoundError) as err:
+        print(f"study: error: {err}", file=sys.stderr)
+        return 2
+    for rec in records:
+        print(json.dumps(rec))
+    failed = [r for r in records if r["status"].startswith("rc=")]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""Pre-registered studies (`experiments.study`, `experiments.analysis.study_report`): the
+stages' runs, the choice on tuning seeds, the paired report and its detectable difference."""
+
+import json
+import math
+
+import pytest
+
+from experiments import study as st
+from experiments.analysis import study_report as sr
+
+SPEC = """
+preset = "stress"
+[preregistration]
+primary_metric = "eval_ref_logp_after"
+secondary_metrics = ["eval_accuracy_after"]
+baseline = "grpo_async"
+arms = ["grpo_sync", "grpo_async", "entr"]
+tuning_arms = ["grpo_async"]
+tuning_seeds = [100, 101]
+test_seeds = [0, 1, 2]
+[[preregistration.warm_starts]]
+name = "A"
+path = "ws/a"
+sha256 = "{a}"
+[[preregistration.warm_starts]]
+name = "B"
+path = "ws/b"
+sha256 = "{b}"
+[tuning.entr]
+own = [{{ tau = 1.0 }}, {{ tau = 4.0 }}]
+[comparison]
+base = {{ aggregation = "token_mean", l_norm = "None", clip_low = 0.2, clip_high = 0.28 }}
+[comparison.methods.entr]
+objective = "entr"
+own = {{ tau = 1.0, eps = 0.01, entropy_source = "behavior_full", denominator = "all_tokens" }}
+[comparison.methods.grpo_async]
+objective = "grpo"
+own = {{ kl_coef = 0.0 }}
+[comparison.methods.grpo_sync]
+objective = "grpo"
+own = {{ kl_coef = 0.0 }}
+overrides = {{ "staleness.mode" = "sync" }}
+[fixed]
+"sft.steps" = 0
+rl_steps = 4
+"""
+
+
+@pytest.fixture
+def study(tmp_path):
+    path = tmp_path / "study.toml"
+    path.write_text(SPEC.format(a="a" * 64, b="b" * 64))
+    return st.load_study(path)
+
+
+def test_the_tuning_stage_runs_every_candidate_on_the_tuning_seeds_per_warm_start(study, tmp_path):
+    sweeps = st.stage_sweeps(study, "tune", tmp_path)
+    assert [d.relative_to(tmp_path).as_posix() for _, d in sweeps] == ["tune/A", "tune/B"]
+    spec, where = sweeps[0]
+    runs = st.sweep.expand(spec, where)
+    assert sorted(r.name for r in runs) == sorted(
+        f"method={m}_seed={s}" for m in ("entr@0", "entr@1", "grpo_async") for s in (100, 101))
+    r = next(r for r in runs if r.name == "method=entr@1_seed=100")
+    assert r.overrides["objective.entr.tau"] == 4.0 and r.overrides["model.sha256"] == "a" * 64
+    assert r.overrides["model.path"] == "ws/a" and r.overrides["seed"] == 100
+
+
+def _finish(path, name, seed, metric, acc=0.5):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"name": name}))
+    (path / "summary.json").write_text(json.dumps({"eval_ref_logp_after": metric,
+                                                   "eval_accuracy_after": acc}))
+    (path / "metrics.jsonl").write_text(json.dumps({"step": 0, "mask/fraction": 0.01}) + "\n")
+
+
+def test_choose_takes_the_best_mean_on_tuning_runs_and_refuses_an_unfinished_stage(study, tmp_path):
+    with pytest.raises(ValueError, match=r"entr@0 .* has 0 of 4 finished tuning runs"):
+        st.choose(dict(study, preregistration={**study["preregistration"], "rule_arm": None}),
+                  tmp_path)
+    values = {"entr@0": [-1.0, -1.2, -1.1, -0.9], "entr@1": [-0.8, -1.0, -0.9, -1.1]}
+    for (spec, where) in st.stage_sweeps(study, "tune", tmp_path):
+        for run in st.sweep.expand(spec, where):
+            label = run.name.split("_seed=")[0].removeprefix("method=")
+            i = (where.name == "B") * 2 + (run.overrides["seed"] - 100)
+            _finish(run.run_dir, label, run.overrides["seed"], values.get(label, [0] * 4)[i])
+    choice = st.choose(study, tmp_path)
+    assert choice["chosen"]["entr"] == {"own": {"tau": 4.0}, "index": 1, "mean": pytest.approx(-0.95)}
+    assert [c["mean"] for c in choice["candidates"]["entr"]] == [pytest.approx(-1.05), pytest.approx(-0.95)]
+    assert json.loads((tmp_path / "choice.json").read_text())["chosen"]["entr"]["index"] == 1
+    test = st.stage_sweeps(study, "test", tmp_path, choice)
+    runs = st.sweep.expand(*test[1])
+    entr = next(r for r in runs if r.name == "method=entr_seed=2")
+    assert entr.overrides["objective.entr.tau"] == 4.0 and entr.overrides["model.path"] == "ws/b"
+
+
+def test_report_pairs_by_warm_start_and_seed():
+    rows = []
+    for ws, shift in (("A", 0.0), ("B", 1.0)):  # a warm-start effect the pairing removes
+        for seed, noise in zip(range(5), (0.1, -0.2, 0.05, 0.0, 0.3)):
+            rows.append({"arm": "grpo_async", "ws": ws, "seed": seed, "path": "",
+                         "m": shift + noise})
+            rows.append({"arm": "entr", "ws": ws, "seed": seed, "path": "",
+                         "m": shift + noise + 0.1 + 0.01 * seed})
+    p = sr.paired(rows, "entr", "grpo_async", "m")
+    d = [0.1 + 0.01 * s for s in range(5)] * 2
+    mean = sum(d) / 10
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / 9)
+    assert p["n"] == 10 and p["mean"] == pytest.approx(mean) and p["sd"] == pytest.approx(sd)
+    half = 2.2621571627982053 * sd / math.sqrt(10)  # t_{0.975, 9}
+    assert p["ci95"] == [pytest.approx(mean - half), pytest.approx(mean + half)]
+    assert p["by_ws"] == {"A": pytest.approx(0.12), "B": pytest.approx(0.12)}
+
+
+def test_detectable_difference_of_a_paired_t_test():
+    # (t_{0.975,9} + t_{0.8,9}) / sqrt(10) = (2.2622 + 0.8834) / 3.1623
+    assert sr.detectable_difference(1.0, 10) == pytest.approx(0.99472, abs=1e-4)
+    assert sr.detectable_difference(2.0, 10) == pytest.approx(2 * 0.99472, abs=2e-4)
+    assert math.isnan(sr.detectable_difference(1.0, 1))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda s: s.replace('baseline = "grpo_async"', 'baseline = "nope"'), "arm 'nope' is not"),
+    (lambda s: s.replace("test_seeds = [0, 1, 2]", "test_seeds = [100, 1]"), "overlap"),
+    (lambda s: s.replace('[tuning.entr]', '[tuning.kpop]'), r"\[tuning.kpop\] names no"),
+    (lambda s: s.replace('primary_metric = "eval_ref_logp_after"\n', ''), "lacks"),
+    (lambda s: s.replace('name = "A"\n', ''), "needs exactly name, path, sha256"),
+])
+def test_a_bad_study_spec_is_refused_naming_the_key(tmp_path, edit, message):
+    path = tmp_path / "s.toml"
+    path.write_text(edit(SPEC.format(a="a" * 64, b="b" * 64)))
+    with pytest.raises(ValueError, match=message):
+        st.load_study(path)
