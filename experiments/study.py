@@ -43,6 +43,9 @@ Usage::
     python -m experiments.study choose SPEC.toml --out DIR
     python -m experiments.study test   SPEC.toml --out DIR --workers 2
     python -m experiments.study report SPEC.toml --out DIR
+
+Paths in a study (warm starts) are relative to the directory the command runs in: the
+repository root.
 """
 
 from __future__ import annotations
@@ -141,20 +144,24 @@ def test_methods(study: dict[str, Any], choice: dict[str, Any]) -> dict[str, dic
 
 
 def stage_sweeps(study: dict[str, Any], stage: str, out: str | pathlib.Path,
-                 choice: dict[str, Any] | None = None) -> list[tuple[dict, pathlib.Path]]:
-    """``[(sweep spec, out dir)]`` of a stage, one per warm start."""
+                 choice: dict[str, Any] | None = None,
+                 sets: dict[str, Any] | None = None) -> list[tuple[dict, pathlib.Path]]:
+    """``[(sweep spec, out dir)]`` of a stage, one per warm start; ``sets`` replace or add
+    ``[fixed]`` entries (`experiments.sweep.apply_set`: a smaller copy of the study, e.g.
+    for a CI slice; refused for a key a method sets)."""
     pre = study["preregistration"]
     methods = tuning_methods(study) if stage == "tune" else test_methods(study, choice)
     seeds = pre["tuning_seeds"] if stage == "tune" else pre["test_seeds"]
-    return [(_sweep_spec(study, methods, seeds, ws), pathlib.Path(out) / stage / ws["name"])
-            for ws in pre["warm_starts"]]
+    return [(sweep.apply_set(_sweep_spec(study, methods, seeds, ws), sets or {}),
+             pathlib.Path(out) / stage / ws["name"]) for ws in pre["warm_starts"]]
 
 
 def run_stage(study: dict[str, Any], stage: str, out: str | pathlib.Path, workers: int,
-              choice: dict[str, Any] | None = None, only: str | None = None) -> list[dict]:
+              choice: dict[str, Any] | None = None, only: str | None = None,
+              sets: dict[str, Any] | None = None) -> list[dict]:
     """Run a stage's sweeps (finished runs skipped); returns the run records."""
     records = []
-    for spec, where in stage_sweeps(study, stage, out, choice):
+    for spec, where in stage_sweeps(study, stage, out, choice, sets):
         runs = sweep.expand(spec, where)
         comparison.verify(spec, runs)
         comparison.write_spec(spec, where)
@@ -248,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--only", metavar="REGEX", default=None,
                         help="only the runs whose name matches REGEX (tune/test)")
+    parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
+                        help="replace or add a [fixed] entry (tune/test; a smaller copy)")
     args = parser.parse_args(argv)
     try:
         study = load_study(args.spec)
@@ -276,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
             rows = stage_results(study, "test", args.out, choice)
             print(format_report(study_report(study, rows, choice)))
             return 0
-        records = run_stage(study, args.stage, args.out, args.workers, choice, args.only)
+        records = run_stage(study, args.stage, args.out, args.workers, choice, args.only,
+                            sweep.parse_set(args.set))
     except (ValueError, TypeError, FileNotFoundError) as err:
         print(f"study: error: {err}", file=sys.stderr)
         return 2
