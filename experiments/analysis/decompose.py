@@ -38,6 +38,9 @@ import numpy as np
 from experiments.analysis import gate_curves as gc
 from experiments.analysis.runs import Run, load_runs
 
+# off-mode tokens below LOW_H against those at or above HIGH_H (nats): the low-entropy
+# amplification of the mismatch, E[delta_mis^2 | off-mode, H < 0.1] / E[.. | H >= 1]
+LOW_H, HIGH_H = 0.1, 1.0
 # fixed bins (left edges; the last bin is open-ended)
 ENTROPY_EDGES = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0, 2.0, 3.0)
 Q_EDGES = (0.0, 1e-3, 1e-2, 0.05, 0.2, 0.5, 0.8, 0.95, 0.99, 0.999)
@@ -184,8 +187,9 @@ def premise_fits(t: Decomposed) -> dict[str, Any]:
     `ENTROPY_EDGES` bins, count-weighted; (b) exponent ``k`` of ``E[delta_mis^2 | q] ~
     c ((1-q)/q)^k`` over `Q_EDGES` bins below q = 0.999 (log-log, count-weighted), and
     ``E[delta_mis^2 | H]`` per entropy bin, for all tokens and apart for off-mode tokens
-    (``q < 0.5``) and the others: the paper's low-entropy amplification is large
-    ``E[delta_mis^2 | H, off-mode]`` at small H."""
+    (``q < 0.5``) and the others; the exponent over the off-mode q bins alone; and the
+    low-entropy amplification ``E[delta_mis^2 | off-mode, H < LOW_H] / E[delta_mis^2 |
+    off-mode, H >= HIGH_H]`` (ESTR's premise: well above 1)."""
     a = binned(t.entropy_mu, t.delta_stale ** 2, ENTROPY_EDGES)
     slope, intercept = _wls(a["x_mean"], a["y_mean"], a["count"])
     q = t.q
@@ -193,8 +197,18 @@ def premise_fits(t: Decomposed) -> dict[str, Any]:
     odds = [(1 - m) / m if m == m and 0 < m < 1 else float("nan") for m in b["x_mean"]]
     k, logc = _wls(odds[:-1], b["y_mean"][:-1], b["count"][:-1], log=True)
     off = q < 0.5  # not the mode: a sampled token with mu <= 0.5 has a likelier rival
+    k_off = _wls([o for o, e in zip(odds, Q_EDGES) if e < 0.5],
+                 [y for y, e in zip(b["y_mean"], Q_EDGES) if e < 0.5],
+                 [c for c, e in zip(b["count"], Q_EDGES) if e < 0.5], log=True)[0]
+    low, high = off & (t.entropy_mu < LOW_H), off & (t.entropy_mu >= HIGH_H)
+    amplification = (float(np.mean(t.delta_mis[low] ** 2) / np.mean(t.delta_mis[high] ** 2))
+                     if low.any() and high.any() and np.any(t.delta_mis[high] != 0)
+                     else float("nan"))
     return {"stale_vs_entropy": {"bins": a, "slope": slope, "intercept": intercept},
-            "mis_vs_q": {"bins": b, "odds": odds, "exponent": k, "log_coef": logc},
+            "mis_vs_q": {"bins": b, "odds": odds, "exponent": k, "log_coef": logc,
+                         "exponent_off_mode": k_off},
+            "low_entropy_amplification": {"ratio": amplification, "low_tokens": int(low.sum()),
+                                          "high_tokens": int(high.sum())},
             "mis_vs_entropy": binned(t.entropy_mu, t.delta_mis ** 2, ENTROPY_EDGES),
             "mis_vs_entropy_off_mode": binned(t.entropy_mu[off], t.delta_mis[off] ** 2,
                                               ENTROPY_EDGES),
@@ -210,13 +224,15 @@ def bootstrap(t: Decomposed, n_boot: int = 200, seed: int = 0) -> dict[str, Any]
     units = np.unique(unit)
     members = {u: np.nonzero(unit == u)[0] for u in units}
     rng = np.random.default_rng(seed)
-    slopes, exps = [], []
+    slopes, exps, exps_off, amps = [], [], [], []
     for _ in range(n_boot):
         pick = rng.choice(units, len(units), replace=True)
         sub = t.select(np.concatenate([members[u] for u in pick]))
         f = premise_fits(sub)
         slopes.append(f["stale_vs_entropy"]["slope"])
         exps.append(f["mis_vs_q"]["exponent"])
+        exps_off.append(f["mis_vs_q"]["exponent_off_mode"])
+        amps.append(f["low_entropy_amplification"]["ratio"])
 
     def ci(v):
         v = np.asarray(v, np.float64)
@@ -224,7 +240,8 @@ def bootstrap(t: Decomposed, n_boot: int = 200, seed: int = 0) -> dict[str, Any]
         return [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))] if len(v) else None
 
     return {"unit": "run" if unit is t.run else "step", "units": int(len(units)),
-            "n_boot": n_boot, "slope_ci95": ci(slopes), "exponent_ci95": ci(exps)}
+            "n_boot": n_boot, "slope_ci95": ci(slopes), "exponent_ci95": ci(exps),
+            "exponent_off_mode_ci95": ci(exps_off), "amplification_ci95": ci(amps)}
 
 
 def gate_report(t: Decomposed, seq: dict[str, np.ndarray], eps: float = 0.01,
@@ -291,16 +308,20 @@ def mismatch_table(summaries: dict[str, dict[str, Any]]) -> str:
     off-mode tokens (``q < 0.5``) per entropy bin, and the share ENTR (tau 1) cuts."""
     heads = [f"H>={e:g}" for e in ENTROPY_EDGES[:-1]]
     lines = ["| condition | runs | tokens | E[d_mis^2] | max abs d_mis | k [95% CI] | "
+             "k off-mode [95% CI] | low-H amplification [95% CI] | "
              + " | ".join(f"off-mode {h}" for h in heads) + " | ENTR tau=1 cuts |",
-             "|" + "---|" * (7 + len(heads))]
+             "|" + "---|" * (9 + len(heads))]
     g = lambda v: "" if v is None or v != v else f"{v:.2g}"  # noqa: E731
     for label, s in summaries.items():
-        k, ci = s["premises"]["mis_vs_q"]["exponent"], s["bootstrap"]["exponent_ci95"]
+        b, boot = s["premises"]["mis_vs_q"], s["bootstrap"]
+        iv = lambda v, c: f"{v:.2f} [{', '.join(f'{x:.2f}' for x in c) if c else ''}]"  # noqa: E731
         off = s["premises"]["mis_vs_entropy_off_mode"]
         cells = [f"{g(y)} ({n})" for y, n in zip(off["y_mean"][:-1], off["count"][:-1])]
         entr = s["gates"]["overall"]["entr"]["grid"]
         lines.append(f"| {label} | {len(s['runs'])} | {s['tokens']} | {g(s['delta_mis_sq_mean'])} | "
-                     f"{g(s['max_abs_delta_mis'])} | {k:.2f} [{', '.join(f'{c:.2f}' for c in ci) if ci else ''}] | "
+                     f"{g(s['max_abs_delta_mis'])} | {iv(b['exponent'], boot['exponent_ci95'])} | "
+                     f"{iv(b['exponent_off_mode'], boot['exponent_off_mode_ci95'])} | "
+                     f"{iv(s['premises']['low_entropy_amplification']['ratio'], boot['amplification_ci95'])} | "
                      + " | ".join(cells) + f" | {entr[0]['all']:.4f} |")
     return "\n".join(lines)
 
