@@ -103,9 +103,10 @@ def synthetic_rl_batch(tokens, vocab_size: int, rng):
 
 
 def run_entr(shape: dict, *, batch: int, length: int, steps: int, dtype: str,
-             peak_fn=None, after_step=None) -> dict:
+             peak_fn=None, after_step=None, model_kwargs: dict | None = None) -> dict:
     """Our ENTR train step timed ``steps`` times; after each, one ``peak_fn`` sample and
-    ``after_step()`` (e.g. one timed tunix step), so the three are interleaved."""
+    ``after_step()`` (e.g. one timed tunix step), so the three are interleaved.
+    ``model_kwargs``: extra `Decoder` arguments (e.g. ``{"remat": "full"}``)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -123,7 +124,8 @@ def run_entr(shape: dict, *, batch: int, length: int, steps: int, dtype: str,
     mesh = make_mesh(MeshConfig(data=1, fsdp=jax.device_count()))
     tx = make_optimizer(OptimizerConfig(learning_rate=1e-5))
     state, shardings = create_train_state(
-        lambda: Decoder(cfg, rngs=nnx.Rngs(0), dtype=dt, param_dtype=dt), tx, mesh)
+        lambda: Decoder(cfg, rngs=nnx.Rngs(0), dtype=dt, param_dtype=dt, **(model_kwargs or {})),
+        tx, mesh)
     n_params = sum(x.size for x in jax.tree.leaves(state.params))
     n_matmul = n_params  # tied embedding: the unembedding matmul uses every embedding entry
     step = make_train_step("rl", tx, shardings, mesh, objective=make_objective("entr"),
@@ -154,6 +156,7 @@ def run_entr(shape: dict, *, batch: int, length: int, steps: int, dtype: str,
         "batch": batch,
         "seq_len": length,
         "dtype": dtype,
+        "model_kwargs": dict(model_kwargs or {}),
         "first_step_s_incl_compile": round(compile_s, 3),
         "steps": steps,
         "step_s": round(step_s, 4),
@@ -284,13 +287,17 @@ def main(argv=None) -> None:
     parser.add_argument("--peak-n", type=int, default=4096, help="size of the f32 peak matmul")
     parser.add_argument("--tunix-python", default="/tmp/tunix_venv/bin/python")
     parser.add_argument("--peak-tflops", type=float, default=989.0)
+    parser.add_argument("--model", default="{}",
+                        help='JSON of extra Decoder arguments, e.g. \'{"remat": "dots"}\'')
     args = parser.parse_args(argv)
+    model_kwargs = json.loads(args.model)
 
     import jax
 
     if args.gpu:
         batch = args.batch or 8
-        entr = run_entr(QWEN05, batch=batch, length=args.seq_len, steps=args.steps, dtype="bf16")
+        entr = run_entr(QWEN05, batch=batch, length=args.seq_len, steps=args.steps, dtype="bf16",
+                        model_kwargs=model_kwargs)
         entr.pop("_step_times")
         entr["mfu"] = entr["achieved_flops_per_s"] / (args.peak_tflops * 1e12 * jax.device_count())
         print(json.dumps({"device": str(jax.devices()[0].device_kind), "entr_jax": entr,
@@ -305,7 +312,8 @@ def main(argv=None) -> None:
     child = TunixChild(args.tunix_python, SMALL, batch=batch, length=args.seq_len)
     tunix_steps: list[dict] = []
     entr = run_entr(SMALL, batch=batch, length=args.seq_len, steps=args.steps, dtype="f32",
-                    peak_fn=peak_fn, after_step=lambda: tunix_steps.append(child.step()))
+                    peak_fn=peak_fn, after_step=lambda: tunix_steps.append(child.step()),
+                    model_kwargs=model_kwargs)
     entr_times = entr.pop("_step_times")
     entr["peak_rss_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
     peak = entr["f32_matmul_peak_flops_per_s"]["median"]

@@ -55,7 +55,8 @@ class DecodeState:
     """Loop carry of one device batch.
 
     Attributes:
-      cache: `KVCache` of ``[B, K, M, head_dim]`` per layer.
+      cache: `KVCache` in the model's layout (stacked ``[N, B, K, head_dim, M]`` keys or
+        one array per layer; `entr_jax.model.decoder`).
       step: int32 scalar, index of the next response token to sample.
       last: ``[B]`` int32, the most recently sampled token (fed at the next step).
       done: ``[B]`` bool, row finished (stop token or budget) or a padding row.
@@ -131,7 +132,7 @@ def prefill(graphdef, params, prompts, lens, pad_rows, row_ids, args: SamplingAr
     b, p = prompts.shape
     if not p <= cache_len <= p + max_new_bucket:
         raise ValueError(f"cache_len {cache_len} outside [{p}, {p + max_new_bucket}]")
-    cache = init_cache(model.config, b, cache_len, cache_dtype)
+    cache = init_cache(model.config, b, cache_len, cache_dtype, stacked=model.scan_layers)
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32)[None, :], (b, p))
     logits, cache = model.decode(prompts, positions, cache)
     last_logits = jnp.take_along_axis(logits, (lens - 1)[:, None, None], axis=1)[:, 0]
@@ -172,8 +173,13 @@ def grow_cache(state: DecodeState, *, length: int) -> DecodeState:
     m = state.cache.max_len
     if length < m:
         raise ValueError(f"grow_cache: length {length} < current {m} slots")
-    k = tuple(jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, length - m))) for x in state.cache.k)
-    v = tuple(jnp.pad(x, ((0, 0), (0, 0), (0, length - m), (0, 0))) for x in state.cache.v)
+    def pad(x, axis):  # the slot axis: last of a key, second to last of a value
+        widths = [(0, 0)] * x.ndim
+        widths[axis] = (0, length - m)
+        return jnp.pad(x, widths)
+
+    k = jax.tree.map(lambda x: pad(x, -1), state.cache.k)
+    v = jax.tree.map(lambda x: pad(x, -2), state.cache.v)
     return state.replace(cache=KVCache(k=k, v=v))
 
 
