@@ -25,14 +25,6 @@ import os
 import sys
 import time
 
-SHAPES = {
-    "qwen05": dict(architecture="qwen2", vocab_size=151936, hidden_size=896,
-                   intermediate_size=4864, num_layers=24, num_heads=14, num_kv_heads=2,
-                   head_dim=64, attention_bias=True, tie_word_embeddings=True),
-    "tiny": dict(architecture="qwen2", vocab_size=512, hidden_size=64, intermediate_size=128,
-                 num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16, attention_bias=True,
-                 tie_word_embeddings=True),
-}
 
 
 def _hlo_instructions(compiled) -> int:
@@ -113,7 +105,7 @@ def compile_learner(shape: dict, *, batch: int, length: int, dtype: str,
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen05")
+    parser.add_argument("--shape", choices=("qwen05", "small", "tiny"), default="qwen05")
     parser.add_argument("--layers", type=int, default=None, help="override num_layers")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=1024)
@@ -123,6 +115,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     import jax
+
+    from benchmarks.learner import SHAPES
 
     jax.config.update("jax_enable_compilation_cache", False)
     shape = dict(SHAPES[args.shape])

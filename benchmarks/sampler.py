@@ -177,13 +177,15 @@ class HfEngine:
 
     name = "hf_generate"
 
-    def __init__(self, path: str, prompts: np.ndarray, new_tokens: int, model: Decoder):
+    def __init__(self, path: str, prompts: np.ndarray, new_tokens: int, model: Decoder,
+                 dtype: str = "float32"):
         import torch
         from transformers import AutoModelForCausalLM
 
-        self.torch = torch
+        self.torch, self.dtype = torch, dtype
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(self.device).eval()
+        self.hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(
+            self.device).eval()
         self.ids = torch.as_tensor(prompts, dtype=torch.long, device=self.device)
         mask = torch.ones_like(self.ids)
         with torch.no_grad():
@@ -213,7 +215,7 @@ class HfEngine:
 
     def extra(self) -> dict:
         return {"device": self.device, "torch_threads": self.torch.get_num_threads(),
-                "warmup_s": round(self.warmup_s, 3)}
+                "dtype": self.dtype, "warmup_s": round(self.warmup_s, 3)}
 
 
 def interleaved(engines: list, repeats: int, tokens: int) -> dict:
@@ -246,7 +248,7 @@ def main():
                         help="interleaved rounds (each times every engine once)")
     parser.add_argument("--skip-hf", action="store_true", help="only the JAX sampler")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                        help="the JAX sampler's serving dtype (HF generate stays f32)")
+                        help="the serving dtype of both engines")
     parser.add_argument("--scan-layers", action="store_true",
                         help="the JAX sampler scans over stacked layers")
     parser.add_argument("--copy-mb", type=int, default=None,
@@ -282,7 +284,7 @@ def main():
     with tempfile.TemporaryDirectory() as path:
         if not args.skip_hf:
             save_pretrained(model, path)
-            engines.append(HfEngine(path, prompts, s["new_tokens"], model))
+            engines.append(HfEngine(path, prompts, s["new_tokens"], model, args.dtype))
             result["parity_max_abs"] = engines[-1].parity_max_abs
         result.update(interleaved(engines, args.repeats, tokens))
     print(json.dumps(result, indent=2))
