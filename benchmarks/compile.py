@@ -13,6 +13,13 @@ the per-device bytes the compiled train step holds for its arguments (its memory
 analysis), and the 1-minute load average before and after: compile time is CPU time,
 and on a shared machine the load moves it by tens of percent.
 
+It also gives the bytes of parameters and optimizer state the FSDP mesh puts on each
+device (from the sharded abstract state: nothing is materialised), and with
+``--run-step`` initialises the state and runs the step once (loss, gradient norm, the
+bytes the first local device holds). Run in several processes with the ``ENTR_*``
+variables of `learners.distributed` (each process supplies its share of the batch rows),
+it is the multi-host dry run of the same program (`tests/test_many_devices.py`).
+
 The persistent compilation cache is turned off for the run (a hit would measure a file
 read). ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` gives N CPU devices.
 """
@@ -41,10 +48,40 @@ def _timed(fn, cpu: dict, key: str):
     return out, time.perf_counter() - t0
 
 
+def state_bytes(abstract, shardings) -> dict:
+    """Bytes of the parameters and the optimizer state of an abstract train state: in all,
+    and on the mesh's first device under ``shardings`` (`NamedSharding` per leaf)."""
+    import jax
+    import numpy as np
+
+    out = {}
+    for part in ("params", "opt_state"):
+        leaves = jax.tree.leaves(getattr(abstract, part))
+        sh = jax.tree.leaves(getattr(shardings, part))
+        total = sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in leaves)
+        one = sum(int(np.prod(s.shard_shape(a.shape))) * a.dtype.itemsize
+                  for a, s in zip(leaves, sh))
+        out[part] = {"total": total, "per_device": one}
+    return out
+
+
+def local_rows(host, rows: int, index: int):
+    """This process's ``rows`` rows (``index``-th share) of a microbatched host `Batch`
+    (rows on axis 1), with its own loss-token count."""
+    from entr_jax.types import BATCH_ROW_FIELDS
+
+    def take(x):
+        return None if x is None else x[:, index * rows:(index + 1) * rows]
+
+    mine = host.replace(**{k: take(getattr(host, k)) for k in BATCH_ROW_FIELDS})
+    return mine.replace(num_loss_tokens=float(mine.loss_mask.sum()))
+
+
 def compile_learner(shape: dict, *, batch: int, length: int, dtype: str,
-                    model_kwargs: dict | None = None) -> dict:
+                    model_kwargs: dict | None = None, run_step: bool = False) -> dict:
     """Lower and compile the state init and the ENTR train step of ``shape``; returns the
-    figures described in the module docstring (seconds, instruction counts, bytes)."""
+    figures described in the module docstring (seconds, instruction counts, bytes), and
+    with ``run_step`` those of one step on a randomly initialised state."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -85,7 +122,9 @@ def compile_learner(shape: dict, *, batch: int, length: int, dtype: str,
     rng = np.random.default_rng(0)
     host = synthetic_rl_batch(rng.integers(0, cfg.vocab_size, (batch, length)),
                               cfg.vocab_size, rng)
+    host = local_rows(host, batch // jax.process_count(), jax.process_index())
     device_batch = shard_batch(host, mesh)
+    out["state_bytes"] = state_bytes(abstract, shardings)
     lowered, out["step_lower_s"] = _timed(lambda: step.fn.lower(state, device_batch), cpu,
                                           "step_lower_s")
     compiled, out["step_compile_s"] = _timed(lowered.compile, cpu, "step_compile_s")
@@ -100,6 +139,15 @@ def compile_learner(shape: dict, *, batch: int, length: int, dtype: str,
             out[k] = round(v, 3)
     out["cpu_s"] = dict(cpu, total_s=round(sum(cpu.values()), 3))
     out["params"] = n_params
+    if run_step:
+        state = init()
+        first = jax.local_devices()[0]
+        out["state_bytes_on_first_local_device"] = sum(
+            sh.data.nbytes for x in jax.tree.leaves((state.params, state.opt_state))
+            for sh in x.addressable_shards if sh.device == first)
+        _, metrics, _ = step(state, device_batch)
+        out["step"] = {k: float(metrics[k]) for k in ("loss", "train/grad_norm",
+                                                      "train/param_norm")}
     return out
 
 
@@ -112,8 +160,14 @@ def main(argv=None) -> None:
     parser.add_argument("--dtype", choices=("bf16", "f32"), default="bf16")
     parser.add_argument("--model", default="{}",
                         help='JSON of extra Decoder keyword arguments, e.g. \'{"remat": "none"}\'')
+    parser.add_argument("--vocab", type=int, default=None, help="override vocab_size")
+    parser.add_argument("--run-step", action="store_true",
+                        help="also initialise the state and run the step once")
     args = parser.parse_args(argv)
 
+    from learners.distributed import initialize
+
+    initialize()  # several processes: the ENTR_* variables; one: nothing
     import jax
 
     from benchmarks.learner import SHAPES
@@ -122,15 +176,19 @@ def main(argv=None) -> None:
     shape = dict(SHAPES[args.shape])
     if args.layers is not None:
         shape["num_layers"] = args.layers
+    if args.vocab is not None:
+        shape["vocab_size"] = args.vocab
     load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
     figures = compile_learner(shape, batch=args.batch, length=args.seq_len, dtype=args.dtype,
-                              model_kwargs=json.loads(args.model))
+                              model_kwargs=json.loads(args.model), run_step=args.run_step)
     print(json.dumps({
         "device": f"{jax.devices()[0].platform} x{jax.device_count()} "
                   f"({jax.devices()[0].device_kind}, {os.cpu_count()} cores visible)",
+        "processes": jax.process_count(),
         "jax": jax.__version__,
-        "shape": args.shape, "num_layers": shape["num_layers"], "batch": args.batch,
+        "shape": args.shape, "num_layers": shape["num_layers"],
+        "vocab_size": shape["vocab_size"], "batch": args.batch,
         "seq_len": args.seq_len, "dtype": args.dtype, "model_kwargs": json.loads(args.model),
         "wall_s": round(time.perf_counter() - t0, 3),
         "load_1m_before": round(load_before, 2), "load_1m_after": round(os.getloadavg()[0], 2),
