@@ -190,7 +190,7 @@ class HfEngine:
         mask = torch.ones_like(self.ids)
         with torch.no_grad():
             hf_logits = self.hf(input_ids=self.ids, attention_mask=mask).logits.float().cpu().numpy()
-        ours = np.asarray(model(jnp.asarray(prompts, jnp.int32)))
+        ours = np.asarray(nnx.jit(lambda m, x: m(x))(model, jnp.asarray(prompts, jnp.int32)))
         self.parity_max_abs = float(np.max(np.abs(hf_logits - ours)))
         self.length = prompts.shape[1] + new_tokens
         self.kwargs = dict(attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,

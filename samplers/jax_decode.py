@@ -1,5 +1,6 @@
-"""The jitted pieces of `JaxSampler`: prefill, a chunk of KV-cache decode steps, and the
-KV-cache recomputation used after a weight swap.
+"""The jitted pieces of `JaxSampler`: prefill, a chunk of KV-cache decode steps, the
+KV-cache recomputation used after a weight swap, and the conversion of installed weights
+to the serving layout and dtype.
 
 Shapes (all static per compilation, chosen from buckets by `JaxSampler`): ``B`` rows
 (batch bucket), ``P`` prompt slots (prompt bucket), ``N`` response slots (new-token
@@ -23,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from entr_jax.model.decoder import KVCache, init_cache
+from entr_jax.model.decoder import KVCache, init_cache, relayout
 from samplers.jax_mismatch import perturb_logits
 from samplers.jax_sampling import sample_tokens
 
@@ -204,3 +205,10 @@ def recompute_cache(graphdef, params, state: DecodeState, prompts, lens, *,
     cache = jax.tree.map(jnp.zeros_like, state.cache)
     _, cache = model.decode(seq, positions, cache)
     return state.replace(cache=cache)
+
+
+def serving_weights(params, *, num_layers: int, dtype, stacked: bool):
+    """``params`` (a `Decoder` state in either block layout) in the sampler's layout
+    (stacked or one buffer per layer, `entr_jax.model.decoder.relayout`) and ``dtype``;
+    jitted by `JaxSampler`: one program per incoming structure."""
+    return jax.tree.map(lambda x: x.astype(dtype), relayout(params, num_layers, stacked=stacked))

@@ -199,7 +199,7 @@ class JaxSampler:
         )
         self._graphdef, self._abstract_params = nnx.split(abstract)
         self._convert = jax.jit(functools.partial(
-            _serving_weights, num_layers=model.config.num_layers, dtype=self._dtype,
+            jax_decode.serving_weights, num_layers=model.config.num_layers, dtype=self._dtype,
             stacked=config.scan_layers))
         self._devices = self._resolve_devices(config.num_devices)
         self._lock = threading.Lock()
@@ -478,12 +478,6 @@ def _device_batches(num_requests: int, max_batch_size: int, replicas: int) -> li
             out.append(range(start, end))
         start = end
     return out
-
-
-def _serving_weights(params, *, num_layers: int, dtype, stacked: bool):
-    """``params`` (a `Decoder` state in either layout) in the sampler's layout and dtype;
-    jitted by `JaxSampler`: one program per incoming structure."""
-    return jax.tree.map(lambda x: x.astype(dtype), relayout(params, num_layers, stacked=stacked))
 
 
 @dataclasses.dataclass

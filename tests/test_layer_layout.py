@@ -162,3 +162,28 @@ def test_model_knobs_are_checked_before_any_work():
         ModelSpec(attention="flash")
     with pytest.raises(ValueError, match="remat must be one of"):
         Decoder(CONFIGS["qwen2"], rngs=nnx.Rngs(0), remat="some")
+
+
+def test_the_sampler_serves_either_layout_from_either_layout():
+    """Weights of a stacked or a per-layer model, served per layer (the default) or
+    scanned: the same tokens, logp_mu to f32 rounding."""
+    from entr_jax.interfaces import SamplingParams
+    from samplers.jax_sampler import JaxSampler, JaxSamplerConfig
+
+    cfg = CONFIGS["qwen2"]
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    params = SamplingParams(max_new_tokens=6, seed=3)
+    out = {}
+    for scan in (False, True):
+        for source in (True, False):
+            model = Decoder(cfg, rngs=nnx.Rngs(4), scan_layers=source)
+            sampler = JaxSampler(model, config=JaxSamplerConfig(max_batch_size=4,
+                                                                scan_layers=scan))
+            gens = sampler.generate(prompts, params, num_samples=2)
+            out[scan, source] = [(g.response_ids.tolist(), g.logp_mu) for row in gens
+                                 for g in row]
+    first = out[False, True]
+    for key, gens in out.items():
+        assert [t for t, _ in gens] == [t for t, _ in first], key
+        for (_, a), (_, b) in zip(gens, first):
+            np.testing.assert_allclose(a, b, atol=1e-5)

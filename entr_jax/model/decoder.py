@@ -151,6 +151,8 @@ class Decoder(nnx.Module):
         step and compile time differ (`benchmarks/remat.py`).
       attention: implementation of the full-sequence attention (`entr_jax.model.
         attention_impl.IMPLEMENTATIONS`; ``"auto"`` picks by backend at trace time).
+        ``"xla"`` and ``"cudnn"`` (auto's choice on GPU in bf16) read the padding as
+        per-row lengths: right-padded rows only, as the learner's batches are.
       scan_layers: the stacked layout, applied by a scan (module docstring); False: a list
         of blocks, applied one after the other (``remat`` then wraps each block).
 
