@@ -47,6 +47,10 @@ SMALL = dict(architecture="qwen2", vocab_size=16384, hidden_size=384, intermedia
 QWEN05 = dict(architecture="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
               num_layers=24, num_heads=14, num_kv_heads=2, head_dim=64, attention_bias=True,
               tie_word_embeddings=True)
+TINY = dict(architecture="qwen2", vocab_size=512, hidden_size=64, intermediate_size=128,
+            num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16, attention_bias=True,
+            tie_word_embeddings=True)  # dry runs of the GPU path on CPU (gpu_suite.sh)
+SHAPES = {"qwen05": QWEN05, "small": SMALL, "tiny": TINY}
 
 
 def _matmul_peak_fn(dtype, n=4096):
@@ -103,9 +107,10 @@ def synthetic_rl_batch(tokens, vocab_size: int, rng):
 
 
 def run_entr(shape: dict, *, batch: int, length: int, steps: int, dtype: str,
-             peak_fn=None, after_step=None) -> dict:
+             peak_fn=None, after_step=None, model_kwargs: dict | None = None) -> dict:
     """Our ENTR train step timed ``steps`` times; after each, one ``peak_fn`` sample and
-    ``after_step()`` (e.g. one timed tunix step), so the three are interleaved."""
+    ``after_step()`` (e.g. one timed tunix step), so the three are interleaved.
+    ``model_kwargs``: extra `Decoder` arguments (e.g. ``{"remat": "full"}``)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -122,8 +127,12 @@ def run_entr(shape: dict, *, batch: int, length: int, steps: int, dtype: str,
     dt = jnp.bfloat16 if dtype == "bf16" else jnp.float32
     mesh = make_mesh(MeshConfig(data=1, fsdp=jax.device_count()))
     tx = make_optimizer(OptimizerConfig(learning_rate=1e-5))
+    t0 = time.perf_counter()
     state, shardings = create_train_state(
-        lambda: Decoder(cfg, rngs=nnx.Rngs(0), dtype=dt, param_dtype=dt), tx, mesh)
+        lambda: Decoder(cfg, rngs=nnx.Rngs(0), dtype=dt, param_dtype=dt, **(model_kwargs or {})),
+        tx, mesh)
+    jax.block_until_ready(state)
+    init_s = time.perf_counter() - t0
     n_params = sum(x.size for x in jax.tree.leaves(state.params))
     n_matmul = n_params  # tied embedding: the unembedding matmul uses every embedding entry
     step = make_train_step("rl", tx, shardings, mesh, objective=make_objective("entr"),
@@ -154,6 +163,8 @@ def run_entr(shape: dict, *, batch: int, length: int, steps: int, dtype: str,
         "batch": batch,
         "seq_len": length,
         "dtype": dtype,
+        "model_kwargs": dict(model_kwargs or {}),
+        "state_init_s_incl_compile": round(init_s, 3),
         "first_step_s_incl_compile": round(compile_s, 3),
         "steps": steps,
         "step_s": round(step_s, 4),
@@ -228,14 +239,17 @@ class TunixChild:
     once and then times one step per `step` call, so the parent can interleave its steps
     with ours (load drift then hits both sides alike)."""
 
-    def __init__(self, python: str, shape: dict, *, batch: int, length: int):
+    def __init__(self, python: str, shape: dict, *, batch: int, length: int,
+                 platform: str | None = "cpu"):
         self.status, self.info, self.proc = "not run", {}, None
         if not os.path.exists(python):
             self.info = {"reason": f"no tunix interpreter at {python}"}
             return
         self.python = python
         spec = dict(shape, batch=batch, length=length)
-        env = dict(os.environ, JAX_PLATFORMS="cpu")
+        env = dict(os.environ)
+        if platform is not None:  # None: the parent's platform (the accelerator)
+            env["JAX_PLATFORMS"] = platform
         env.pop("XLA_FLAGS", None)
         self.proc = subprocess.Popen([python, "-c", _TUNIX_SCRIPT, json.dumps(spec)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -284,44 +298,34 @@ def main(argv=None) -> None:
     parser.add_argument("--peak-n", type=int, default=4096, help="size of the f32 peak matmul")
     parser.add_argument("--tunix-python", default="/tmp/tunix_venv/bin/python")
     parser.add_argument("--peak-tflops", type=float, default=989.0)
+    parser.add_argument("--model", default="{}",
+                        help='JSON of extra Decoder arguments, e.g. \'{"remat": "dots"}\'')
+    parser.add_argument("--shape", choices=sorted(SHAPES), default=None,
+                        help="model shape (default: qwen05 with --gpu, small on CPU)")
     args = parser.parse_args(argv)
+    model_kwargs = json.loads(args.model)
 
     import jax
 
     if args.gpu:
-        batch = args.batch or 8
-        entr = run_entr(QWEN05, batch=batch, length=args.seq_len, steps=args.steps, dtype="bf16")
-        entr.pop("_step_times")
-        entr["mfu"] = entr["achieved_flops_per_s"] / (args.peak_tflops * 1e12 * jax.device_count())
-        print(json.dumps({"device": str(jax.devices()[0].device_kind), "entr_jax": entr,
-                          "peak_tflops_assumed": args.peak_tflops}, indent=1))
+        print(json.dumps(run_gpu(args, model_kwargs), indent=1))
         return
 
     batch = args.batch or 2
     if args.steps < 10:
         raise SystemExit("--steps must be >= 10 on CPU: step time and matmul peak are medians "
                          "of that many interleaved samples")
+    shape = SHAPES[args.shape or "small"]
     peak_fn = _matmul_peak_fn("float32", n=args.peak_n)
-    child = TunixChild(args.tunix_python, SMALL, batch=batch, length=args.seq_len)
+    child = TunixChild(args.tunix_python, shape, batch=batch, length=args.seq_len)
     tunix_steps: list[dict] = []
-    entr = run_entr(SMALL, batch=batch, length=args.seq_len, steps=args.steps, dtype="f32",
-                    peak_fn=peak_fn, after_step=lambda: tunix_steps.append(child.step()))
+    entr = run_entr(shape, batch=batch, length=args.seq_len, steps=args.steps, dtype="f32",
+                    peak_fn=peak_fn, after_step=lambda: tunix_steps.append(child.step()),
+                    model_kwargs=model_kwargs)
     entr_times = entr.pop("_step_times")
     entr["peak_rss_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
     peak = entr["f32_matmul_peak_flops_per_s"]["median"]
-    tunix = child.close()
-    ratio = None
-    if tunix["status"] == "ok" and all(tunix_steps):
-        times = [t["step_s"] for t in tunix_steps]
-        tunix.update(steps=len(times), step_s=round(statistics.median(times), 4),
-                     step_s_spread={k: round(v, 4) for k, v in spread(times).items()},
-                     tokens_per_s=round(batch * args.seq_len / statistics.median(times), 1),
-                     loss_finite=all(t["loss_finite"] for t in tunix_steps),
-                     peak_rss_gb_children=round(resource.getrusage(
-                         resource.RUSAGE_CHILDREN).ru_maxrss / 2**20, 3))
-        # paired per round: tunix's step time over ours = our tokens/s over tunix's
-        ratio = {k: round(v, 3) for k, v in spread(
-            [t / e for t, e in zip(times, entr_times)]).items()}
+    tunix, ratio = tunix_figures(child, tunix_steps, entr_times, batch * args.seq_len)
     print(json.dumps({
         "device": f"cpu x{jax.device_count()} ({os.cpu_count()} cores visible)",
         "f32_matmul_peak_flops_per_s": peak,
@@ -330,6 +334,49 @@ def main(argv=None) -> None:
         "google_tunix": tunix,
         "entr_jax_over_tunix_tokens_per_s": ratio,
     }, indent=1))
+
+
+def tunix_figures(child: TunixChild, steps: list, entr_times: list[float], tokens: int):
+    """``(tunix's figures, paired ratio)``: its step times beside ours, round by round
+    (tunix's step time over ours = our tokens/s over tunix's); the ratio is None when its
+    child did not run."""
+    tunix = child.close()
+    if tunix["status"] != "ok" or not all(steps):
+        return tunix, None
+    times = [t["step_s"] for t in steps]
+    tunix.update(steps=len(times), step_s=round(statistics.median(times), 4),
+                 step_s_spread={k: round(v, 4) for k, v in spread(times).items()},
+                 tokens_per_s=round(tokens / statistics.median(times), 1),
+                 loss_finite=all(t["loss_finite"] for t in steps),
+                 peak_rss_gb_children=round(resource.getrusage(
+                     resource.RUSAGE_CHILDREN).ru_maxrss / 2**20, 3))
+    ratio = {k: round(v, 3) for k, v in spread([t / e for t, e in zip(times, entr_times)]).items()}
+    return tunix, ratio
+
+
+def run_gpu(args, model_kwargs: dict) -> dict:
+    """``--gpu``: bf16 at ``--shape`` (default the 0.5B shape) on the default backend, MFU
+    against ``--peak-tflops`` per device; google-tunix's step on the same shape interleaved
+    with ours when it is importable here (or ``--tunix-python`` exists), in its own
+    process on the same device."""
+    import importlib.util
+
+    import jax
+
+    shape = SHAPES[args.shape or "qwen05"]
+    batch = args.batch or 8
+    python = (args.tunix_python if os.path.exists(args.tunix_python)
+              else sys.executable if importlib.util.find_spec("tunix") else args.tunix_python)
+    child = TunixChild(python, shape, batch=batch, length=args.seq_len, platform=None)
+    tunix_steps: list[dict] = []
+    entr = run_entr(shape, batch=batch, length=args.seq_len, steps=args.steps, dtype="bf16",
+                    model_kwargs=model_kwargs, after_step=lambda: tunix_steps.append(child.step()))
+    entr_times = entr.pop("_step_times")
+    entr["mfu"] = entr["achieved_flops_per_s"] / (args.peak_tflops * 1e12 * jax.device_count())
+    tunix, ratio = tunix_figures(child, tunix_steps, entr_times, batch * args.seq_len)
+    return {"device": str(jax.devices()[0].device_kind), "shape": args.shape or "qwen05",
+            "entr_jax": entr, "peak_tflops_assumed": args.peak_tflops, "google_tunix": tunix,
+            "entr_jax_over_tunix_tokens_per_s": ratio}
 
 
 if __name__ == "__main__":

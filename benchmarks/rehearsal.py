@@ -112,9 +112,8 @@ def export_and_reload(model_dir: str, run_dir: str, dtype: str, export_dir: str,
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from flax import nnx
 
-    from entr_jax.model import from_pretrained
+    from entr_jax.model import from_pretrained, to_hf_state_dict
     from experiments.loop import Job
     from experiments.run import parse
 
@@ -134,10 +133,9 @@ def export_and_reload(model_dir: str, run_dir: str, dtype: str, export_dir: str,
     reloaded = from_pretrained(export_dir, dtype=dt, param_dtype=dt)
     reload_s = time.perf_counter() - t0
     trained = job.learner.state.model()
-    a = nnx.to_flat_state(nnx.state(trained, nnx.Param))
-    b = dict(nnx.to_flat_state(nnx.state(reloaded, nnx.Param)))
-    mismatched = [".".join(map(str, p)) for p, v in a
-                  if not np.array_equal(np.asarray(v.get_value()), np.asarray(b[p].get_value()))]
+    # per HF tensor (one per layer of each stacked block parameter)
+    a, b = to_hf_state_dict(trained), to_hf_state_dict(reloaded)
+    mismatched = [name for name in a if name not in b or not np.array_equal(a[name], b[name])]
     ids = jnp.asarray(job.tokenizer.encode("12+34=", add_special_tokens=False), jnp.int32)[None]
     logits_diff = float(jnp.max(jnp.abs(trained(ids) - reloaded(ids))))
     out = {"restored_step": int(restored["queue_state"]["book"]["start_step"]),

@@ -19,6 +19,7 @@ whole batch (REINFORCE++-style: ``(A - mean) / (std + eps)``, all-equal -> 0).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Literal
 
 import jax
@@ -62,6 +63,14 @@ def _group_stats(rewards_N, gid_N, num_groups):
     ss_K = jax.ops.segment_sum(centered_N * centered_N, gid_N, num_groups)
     equal_K = jax.ops.segment_max(rewards_N, gid_N, num_groups) == jax.ops.segment_min(rewards_N, gid_N, num_groups)
     return centered_N, count_K[gid_N], ss_K[gid_N], equal_K[gid_N]
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _advantages(rewards, gid_N, num_groups, cfg: AdvantageConfig):
+    """`_flat_advantages` of the flattened ``rewards``, in their shape: one compiled
+    program per shape, group count and config (called eagerly, its dozen small
+    operations would each be compiled and dispatched on their own)."""
+    return _flat_advantages(rewards.reshape(-1), gid_N, num_groups, cfg).reshape(rewards.shape)
 
 
 def _flat_advantages(rewards_N, gid_N, num_groups, cfg: AdvantageConfig):
@@ -108,13 +117,13 @@ def compute_advantages(
       ValueError: wrong ranks, mismatched lengths, or traced ``group_ids`` without
         ``num_groups``.
     """
-    r = jnp.asarray(rewards, jnp.float32)
+    r = (jnp.asarray(rewards, jnp.float32) if isinstance(rewards, jax.core.Tracer)
+         else np.asarray(rewards, np.float32))
     if group_ids is None:
         if r.ndim != 2:
             raise ValueError(f"rewards must be [P, G] when group_ids is None, got shape {r.shape}")
         p, g = r.shape
-        gid = jnp.repeat(jnp.arange(p), g)
-        return _flat_advantages(r.reshape(-1), gid, p, cfg).reshape(p, g)
+        return _advantages(r, np.repeat(np.arange(p, dtype=np.int32), g), p, cfg)
     if r.ndim != 1:
         raise ValueError(f"rewards must be [N] when group_ids is given, got shape {r.shape}")
     if jnp.shape(group_ids) != r.shape:
@@ -123,11 +132,11 @@ def compute_advantages(
         if isinstance(group_ids, jax.core.Tracer):
             raise ValueError("num_groups must be given when group_ids is traced (under jit)")
         _, inverse = np.unique(np.asarray(group_ids), return_inverse=True)
-        gid = jnp.asarray(inverse.reshape(-1), jnp.int32)
+        gid = inverse.reshape(-1).astype(np.int32)
         num_groups = int(inverse.max()) + 1 if inverse.size else 0
     else:
         gid = jnp.asarray(group_ids, jnp.int32)
-    return _flat_advantages(r, gid, num_groups, cfg)
+    return _advantages(r, gid, num_groups, cfg)
 
 
 def broadcast_to_tokens(advantages_B: jax.Array, loss_mask: jax.Array) -> jax.Array:

@@ -62,6 +62,15 @@ class ModelSpec:
         hashed one after the other in name order, so for one file it is
         ``sha256sum model.safetensors``); a run refuses other weights before any work.
         Freezes a warm start in an experiment's spec. Empty = not checked.
+      remat: the learner's rematerialisation of each decoder layer in the backward pass
+        (`entr_jax.model.layers.REMAT_POLICIES`): ``dots`` (default) keeps the weight
+        matmuls' outputs and recomputes the rest, ``full`` recomputes the whole layer,
+        ``none`` keeps everything. Same values; memory, step and compile time differ
+        (`benchmarks/remat.py`, `docs/performance.md`).
+      attention: the learner's attention implementation
+        (`entr_jax.model.attention_impl`): ``auto`` (cuDNN on GPU in bf16, Pallas splash
+        on TPU, the blocked XLA form otherwise), ``xla_blocked``, ``xla``, ``cudnn``,
+        ``splash``. The same values to float rounding.
     """
 
     path: str = ""
@@ -70,6 +79,8 @@ class ModelSpec:
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     sampler_dtype: Literal["float32", "bfloat16"] = "float32"
     sha256: str = ""
+    remat: Literal["none", "dots", "full"] = "dots"
+    attention: Literal["auto", "xla_blocked", "xla", "cudnn", "splash"] = "auto"
 
     def __post_init__(self):
         _require(not self.sha256 or (len(self.sha256) == 64 and all(
@@ -78,6 +89,11 @@ class ModelSpec:
         _require(not self.sha256 or bool(self.path), "model.sha256", self.sha256,
                  "empty without model.path (the embedded default's weights are initialised "
                  "from model.init_seed, not read)")
+        _require(self.remat in ("none", "dots", "full"), "model.remat", self.remat,
+                 "one of 'none', 'dots', 'full'")
+        _require(self.attention in ("auto", "xla_blocked", "xla", "cudnn", "splash"),
+                 "model.attention", self.attention,
+                 "one of 'auto', 'xla_blocked', 'xla', 'cudnn', 'splash'")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,6 +224,11 @@ class SamplerSpec:
         units) on the sampler's logits, seeded per token. The learner never sees it;
         ``logp_mu``/``entropy_mu`` describe the perturbed distribution that sampled, so the
         importance ratio carries the mismatch. 0 = off.
+      scan_layers: ``jax`` only: the embedded sampler scans over stacked layers (a smaller
+        program, compiled faster) instead of unrolling one buffer per layer (each decode
+        step reads its weights and cache once; the default: faster decoding on CPU,
+        `samplers.jax_sampler.JaxSamplerConfig.scan_layers`). Same tokens to float
+        rounding.
       num_devices: ``jax`` only: data-parallel replicas of the embedded sampler
         (`samplers.jax_sampler.JaxSamplerConfig.num_devices`), each on one of this
         process's local devices with a full copy of the weights and its own KV cache; the
@@ -241,6 +262,7 @@ class SamplerSpec:
     max_batch_size: int = 256
     min_prompt_bucket: int = 8
     logit_noise_std: float = 0.0
+    scan_layers: bool = False
     num_devices: int = 1
     weight_quant: Literal["none", "int8", "fp8", "int4"] = "none"
     recompute_kv_on_swap: bool = True

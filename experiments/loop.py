@@ -125,11 +125,13 @@ class Job:
         seed = spec.init_seed
 
         def module_fn():
-            return Decoder(model_cfg, rngs=nnx.Rngs(seed), dtype=dtype, param_dtype=pdtype)
+            return Decoder(model_cfg, rngs=nnx.Rngs(seed), dtype=dtype, param_dtype=pdtype,
+                           remat=spec.remat, attention=spec.attention)
 
         weights = None
         if spec.path:
-            loaded = from_pretrained(spec.path, dtype=dtype, param_dtype=pdtype)
+            loaded = from_pretrained(spec.path, dtype=dtype, param_dtype=pdtype,
+                                     remat=spec.remat, attention=spec.attention)
             weights = nnx.split(loaded, nnx.Param, ...)[1]
         return module_fn, weights
 
@@ -367,6 +369,7 @@ class Job:
                                     logit_noise_std=cfg.sampler.logit_noise_std,
                                     weight_quant=cfg.sampler.weight_quant,
                                     recompute_kv_on_swap=cfg.sampler.recompute_kv_on_swap,
+                                    scan_layers=cfg.sampler.scan_layers,
                                     num_devices=(len(jax.local_devices())
                                                  if cfg.sampler.num_devices == -1
                                                  else cfg.sampler.num_devices)),

@@ -30,7 +30,6 @@ import os
 from typing import Any, Mapping, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
@@ -213,5 +212,5 @@ def shard_batch(batch: Batch, mesh: Mesh, *, row_axis: int = 1) -> Batch:
     fields = {name: put(name, getattr(batch, name)) for name in _BATCH_FIELDS}
     num = batch.num_loss_tokens
     if num is not None:
-        num = jax.device_put(jnp.float32(global_sum(float(num))), replicated(mesh))
+        num = jax.device_put(np.float32(global_sum(float(num))), replicated(mesh))  # no compile
     return batch.replace(num_loss_tokens=num, **fields)

@@ -37,6 +37,13 @@ from learners.step import make_logprob_fn, make_train_step
 __all__ = ["Learner", "LearnerConfig", "NonFiniteError", "NonFiniteGuard", "check_reference_filters"]
 
 
+@jax.jit
+def _copy(tree):
+    """A copy of every array of ``tree`` in one compiled program (per tree structure),
+    in the same shardings; ``jax.tree.map(jnp.copy, ...)`` compiles one per shape."""
+    return jax.tree.map(jnp.copy, tree)
+
+
 class NonFiniteError(RuntimeError):
     """Raised after too many consecutive steps with a non-finite loss or gradient."""
 
@@ -258,7 +265,7 @@ class Learner:
         """Freeze ``params`` (the `nnx.Param` state of the same module) as the reference
         policy of ``logp_ref``; a copy is placed into the parameter shardings, so later
         updates of the policy never change it."""
-        self.ref_params = jax.tree.map(jnp.copy, jax.device_put(params, self.shardings.params))
+        self.ref_params = _copy(jax.device_put(params, self.shardings.params))
 
     def published_weights(self) -> nnx.State:
         """A copy of the full module state (params and buffers) for samplers.
@@ -266,7 +273,7 @@ class Learner:
         A copy, because the train step donates the state: a sampler holding the learner's
         own buffers would find them deleted after the next step.
         """
-        return jax.tree.map(jnp.copy, nnx.state(self.state.model()))
+        return _copy(nnx.state(self.state.model()))
 
     def _device_batch(self, trajectories: Sequence[Trajectory], advantages,
                       minibatches: int = 1) -> tuple[Any, dict]:

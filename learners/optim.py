@@ -14,6 +14,7 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
 
 __all__ = ["OptimizerConfig", "make_optimizer", "make_schedule"]
 
@@ -105,7 +106,19 @@ def make_schedule(config: OptimizerConfig) -> optax.Schedule:
 
 
 def _decay_mask(params):
-    return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
+    """True on matrices (kernels, embeddings), False on vectors (biases, norm gains): the
+    parameter's own rank, not counting a stacked layer axis (logical name ``"layers"``,
+    `entr_jax.model.partitioning`), read from its ``out_sharding`` metadata when it has
+    one, else its array rank."""
+    def matrix(leaf):
+        if isinstance(leaf, nnx.Variable):
+            axes = leaf.get_metadata().get("out_sharding")
+            rank = (len([a for a in axes if a != "layers"]) if axes
+                    else jnp.ndim(leaf.get_value()))
+            return leaf.replace(rank >= 2)
+        return jnp.ndim(leaf) >= 2
+
+    return jax.tree.map(matrix, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:

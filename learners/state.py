@@ -20,7 +20,7 @@ from jax.sharding import Mesh
 from entr_jax.sharding import replicated, state_shardings
 
 __all__ = ["TrainState", "abstract_train_state", "check_params", "create_train_state",
-           "train_state_shardings"]
+           "make_state_init", "train_state_shardings"]
 
 
 @struct.dataclass
@@ -128,6 +128,27 @@ def _shape(leaf) -> tuple[int, ...]:
     return tuple(value.shape)
 
 
+def make_state_init(
+    module_fn: Callable[[], nnx.Module],
+    tx: optax.GradientTransformation,
+    mesh: Mesh,
+    seed: int = 0,
+) -> tuple[Callable[[], TrainState], TrainState]:
+    """The jitted random initialisation of the train state and its shardings.
+
+    The module is traced once for shapes (`abstract_train_state`); the returned
+    ``init()`` builds it inside a jit whose ``out_shardings`` are the target shardings, so
+    no device ever holds an unsharded copy of the parameters. ``init.lower().compile()``
+    compiles it without running it (`benchmarks/compile.py`).
+
+    Returns:
+      ``(init, shardings)``: a zero-argument jitted function returning the `TrainState`,
+      and the matching tree of `NamedSharding`s.
+    """
+    shardings = train_state_shardings(abstract_train_state(module_fn, tx, seed), mesh)
+    return jax.jit(lambda: _build(module_fn(), tx, seed), out_shardings=shardings), shardings
+
+
 def create_train_state(
     module_fn: Callable[[], nnx.Module],
     tx: optax.GradientTransformation,
@@ -154,11 +175,11 @@ def create_train_state(
       ValueError: ``params`` lacks a parameter of the module, has an extra one, or a shape
         differs (the message names it).
     """
+    if params is None:
+        init, shardings = make_state_init(module_fn, tx, mesh, seed)
+        return init(), shardings
     abstract = abstract_train_state(module_fn, tx, seed)
     shardings = train_state_shardings(abstract, mesh)
-    if params is None:
-        state = jax.jit(lambda: _build(module_fn(), tx, seed), out_shardings=shardings)()
-        return state, shardings
     check_params(abstract.params, params)
     params = jax.device_put(params, shardings.params)
 

@@ -1,5 +1,6 @@
-"""The jitted pieces of `JaxSampler`: prefill, a chunk of KV-cache decode steps, and the
-KV-cache recomputation used after a weight swap.
+"""The jitted pieces of `JaxSampler`: prefill, a chunk of KV-cache decode steps, the
+KV-cache recomputation used after a weight swap, and the conversion of installed weights
+to the serving layout and dtype.
 
 Shapes (all static per compilation, chosen from buckets by `JaxSampler`): ``B`` rows
 (batch bucket), ``P`` prompt slots (prompt bucket), ``N`` response slots (new-token
@@ -23,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from entr_jax.model.decoder import KVCache, init_cache
+from entr_jax.model.decoder import KVCache, init_cache, relayout
 from samplers.jax_mismatch import perturb_logits
 from samplers.jax_sampling import sample_tokens
 
@@ -55,7 +56,8 @@ class DecodeState:
     """Loop carry of one device batch.
 
     Attributes:
-      cache: `KVCache` of ``[B, K, M, head_dim]`` per layer.
+      cache: `KVCache` in the model's layout (stacked ``[N, B, K, head_dim, M]`` keys or
+        one array per layer; `entr_jax.model.decoder`).
       step: int32 scalar, index of the next response token to sample.
       last: ``[B]`` int32, the most recently sampled token (fed at the next step).
       done: ``[B]`` bool, row finished (stop token or budget) or a padding row.
@@ -131,7 +133,7 @@ def prefill(graphdef, params, prompts, lens, pad_rows, row_ids, args: SamplingAr
     b, p = prompts.shape
     if not p <= cache_len <= p + max_new_bucket:
         raise ValueError(f"cache_len {cache_len} outside [{p}, {p + max_new_bucket}]")
-    cache = init_cache(model.config, b, cache_len, cache_dtype)
+    cache = init_cache(model.config, b, cache_len, cache_dtype, stacked=model.scan_layers)
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32)[None, :], (b, p))
     logits, cache = model.decode(prompts, positions, cache)
     last_logits = jnp.take_along_axis(logits, (lens - 1)[:, None, None], axis=1)[:, 0]
@@ -172,8 +174,13 @@ def grow_cache(state: DecodeState, *, length: int) -> DecodeState:
     m = state.cache.max_len
     if length < m:
         raise ValueError(f"grow_cache: length {length} < current {m} slots")
-    k = tuple(jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, length - m))) for x in state.cache.k)
-    v = tuple(jnp.pad(x, ((0, 0), (0, 0), (0, length - m), (0, 0))) for x in state.cache.v)
+    def pad(x, axis):  # the slot axis: last of a key, second to last of a value
+        widths = [(0, 0)] * x.ndim
+        widths[axis] = (0, length - m)
+        return jnp.pad(x, widths)
+
+    k = jax.tree.map(lambda x: pad(x, -1), state.cache.k)
+    v = jax.tree.map(lambda x: pad(x, -2), state.cache.v)
     return state.replace(cache=KVCache(k=k, v=v))
 
 
@@ -198,3 +205,10 @@ def recompute_cache(graphdef, params, state: DecodeState, prompts, lens, *,
     cache = jax.tree.map(jnp.zeros_like, state.cache)
     _, cache = model.decode(seq, positions, cache)
     return state.replace(cache=cache)
+
+
+def serving_weights(params, *, num_layers: int, dtype, stacked: bool):
+    """``params`` (a `Decoder` state in either block layout) in the sampler's layout
+    (stacked or one buffer per layer, `entr_jax.model.decoder.relayout`) and ``dtype``;
+    jitted by `JaxSampler`: one program per incoming structure."""
+    return jax.tree.map(lambda x: x.astype(dtype), relayout(params, num_layers, stacked=stacked))

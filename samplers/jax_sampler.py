@@ -76,7 +76,7 @@ import numpy as np
 from flax import nnx
 
 from entr_jax.interfaces import SamplingParams
-from entr_jax.model.decoder import Decoder
+from entr_jax.model.decoder import Decoder, relayout
 from entr_jax.types import Generation
 from samplers import jax_decode
 from samplers.jax_quant import QTYPES, WeightQuant, quantize_weights
@@ -125,6 +125,13 @@ class JaxSamplerConfig:
         serve the linear layers' weights quantised (per output channel) and dequantised,
         as a weight-quantised engine computes (`samplers.jax_quant`): a deterministic,
         context-dependent train/inference mismatch.
+      scan_layers: the decoder layout the sampler serves with (`entr_jax.model.decoder`):
+        False (default) keeps one weight buffer and one KV cache per layer and unrolls the
+        layers in each compiled step, so a decode step reads every buffer once; True scans
+        over stacked weights and a stacked cache: a smaller program, compiled faster, but
+        XLA:CPU copies each layer's weights and cache slice before its matmuls (decode
+        1.66x slower per step on a 2-core Xeon, `docs/performance.md`). Installed weights
+        in the other layout are converted when installed.
       num_devices: data-parallel replicas (>= 1): the device batches are spread over the
         first ``num_devices`` of ``jax.local_devices()``, each holding a copy of the
         weights and its own KV cache, and run concurrently (module docstring). 1 = no
@@ -141,6 +148,7 @@ class JaxSamplerConfig:
     dtype: Literal["float32", "bfloat16"] = "float32"
     recompute_kv_on_swap: bool = True
     logit_noise_std: float = 0.0
+    scan_layers: bool = False
     num_devices: int = 1
     weight_quant: WeightQuant = "none"
 
@@ -187,9 +195,12 @@ class JaxSampler:
         self._dtype = jnp.dtype(config.dtype)
         abstract = nnx.eval_shape(
             lambda: Decoder(model.config, rngs=nnx.Rngs(0), dtype=self._dtype,
-                            param_dtype=self._dtype)
+                            param_dtype=self._dtype, scan_layers=config.scan_layers)
         )
         self._graphdef, self._abstract_params = nnx.split(abstract)
+        self._convert = jax.jit(functools.partial(
+            jax_decode.serving_weights, num_layers=model.config.num_layers, dtype=self._dtype,
+            stacked=config.scan_layers))
         self._devices = self._resolve_devices(config.num_devices)
         self._lock = threading.Lock()
         self._installed: tuple[Any, int] = (self._cast(nnx.state(model)), int(version))
@@ -262,15 +273,20 @@ class JaxSampler:
             params = nnx.state(params)
         if not isinstance(params, nnx.State):
             raise TypeError(f"params must be an nnx.State or a Decoder, got {type(params).__name__}")
-        try:
-            jax.tree.map(lambda a, b: None, self._abstract_params, params)
-        except ValueError as e:
+        try:  # the structure it has in the serving layout
+            layout = jax.eval_shape(lambda p: relayout(p, self.model_config.num_layers,
+                                                       stacked=self.config.scan_layers), params)
+            jax.tree.map(lambda a, b: None, self._abstract_params, layout)
+        except (KeyError, ValueError) as e:
             raise ValueError(f"params do not match the sampler's Decoder structure: {e}") from None
-        for a, b in zip(jax.tree.leaves(self._abstract_params), jax.tree.leaves(params)):
+        for a, b in zip(jax.tree.leaves(self._abstract_params), jax.tree.leaves(layout)):
             if a.shape != b.shape:
                 raise ValueError(f"params leaf shape {b.shape} != expected {a.shape}")
         params = quantize_weights(params, self.config.weight_quant)
-        return jax.tree.map(lambda x: jnp.asarray(x, self._dtype), params)
+        if jax.tree.structure(layout) == jax.tree.structure(params) and all(
+                jnp.dtype(x.dtype) == self._dtype for x in jax.tree.leaves(params)):
+            return params  # already in the serving layout and dtype: no copy
+        return self._convert(params)
 
     def update_weights(self, params: Any, version: int) -> None:
         """Installs ``params`` (an ``nnx.State`` of a `Decoder`, or the `Decoder`) as
@@ -384,10 +400,10 @@ class JaxSampler:
             if not 0 <= t < vocab:
                 raise ValueError(f"SamplingParams.stop_token_ids has id {t} outside [0, {vocab})")
             stop[t] = True
-        args = jax_decode.SamplingArgs(
-            temperature=jnp.float32(p.temperature), top_k=jnp.int32(p.top_k),
-            top_p=jnp.float32(p.top_p), min_p=jnp.float32(p.min_p), stop_mask=jnp.asarray(stop),
-            max_new_tokens=jnp.int32(p.max_new_tokens), seed=jnp.uint32(p.seed % 2**32),
+        args = jax_decode.SamplingArgs(  # host scalars: no compiled conversion per call
+            temperature=np.float32(p.temperature), top_k=np.int32(p.top_k),
+            top_p=np.float32(p.top_p), min_p=np.float32(p.min_p), stop_mask=stop,
+            max_new_tokens=np.int32(p.max_new_tokens), seed=np.uint32(p.seed % 2**32),
         )
         filtered = p.top_k != -1 or p.top_p < 1.0 or p.min_p > 0.0
         return args, filtered, _pow2_at_least(p.max_new_tokens)

@@ -29,14 +29,17 @@ def _leaves(tree):
 def test_integer_schemes_round_each_kernel_column_to_its_own_grid(state, scheme, levels):
     before, after = _leaves(state), _leaves(quantize_weights(state, scheme))
     changed = [k for k in before if not np.array_equal(before[k], after[k])]
-    # 4 layers x (q, k, v, o, gate, up, down); embeddings, norms and biases untouched
-    assert len(changed) == 28 and all("kernel" in k for k in changed)
+    # q, k, v, o, gate, up, down, each stacked over the 4 layers ([4, in, out]);
+    # embeddings, norms and biases untouched
+    assert len(changed) == 7 and all("kernel" in k for k in changed)
     for k in changed:
         w, q = before[k], after[k]
-        # one scale per output column; qwix maps absmax to the half-step past the largest
-        # level, so the signed range [-2^(b-1), 2^(b-1) - 1] is used in full: every value
-        # is an integer multiple of its column's scale in that range, the nearest one
-        scale = np.abs(w).max(axis=0) / levels
+        assert w.shape[0] == 4
+        # one scale per layer and output column; qwix maps absmax to the half-step past the
+        # largest level, so the signed range [-2^(b-1), 2^(b-1) - 1] is used in full:
+        # every value is an integer multiple of its column's scale in that range, the
+        # nearest one
+        scale = np.abs(w).max(axis=-2, keepdims=True) / levels
         steps = q / scale
         assert np.all(np.abs(steps - np.round(steps)) < 2e-3)
         assert steps.min() >= -levels - 0.5 - 1e-3 and steps.max() <= levels - 0.5 + 1e-3
@@ -47,7 +50,7 @@ def test_fp8_values_are_e4m3_numbers_times_a_column_scale(state):
     before, after = _leaves(state), _leaves(quantize_weights(state, "fp8"))
     k = next(k for k in before if "down_proj" in k)
     w, q = before[k], after[k]
-    scale = np.abs(w).max(axis=0) / 448.0  # e4m3's largest finite value
+    scale = np.abs(w).max(axis=-2, keepdims=True) / 448.0  # e4m3's largest finite value
     scaled = q / scale
     np.testing.assert_allclose(scaled, np.asarray(jnp.asarray(scaled).astype(jnp.float8_e4m3fn)
                                                   .astype(jnp.float32)), rtol=1e-5)

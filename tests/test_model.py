@@ -171,8 +171,9 @@ def test_prefill_then_decode_matches_full_forward(model):
         step_ids = seqs[rows, p][:, None]
         logits, cache = decode(model, jnp.asarray(step_ids), jnp.asarray(p[:, None], jnp.int32), cache)
         np.testing.assert_allclose(logits[:, 0], full[rows, p], atol=F32_TOL)
-    assert cache.k[0].shape == (3, CFG.num_kv_heads, CFG.head_dim, total + 2)
-    assert cache.v[0].shape == (3, CFG.num_kv_heads, total + 2, CFG.head_dim)
+    n = CFG.num_layers
+    assert cache.k.shape == (n, 3, CFG.num_kv_heads, CFG.head_dim, total + 2)
+    assert cache.v.shape == (n, 3, CFG.num_kv_heads, total + 2, CFG.head_dim)
 
 
 def test_decode_rejects_bad_shapes(model):
@@ -196,7 +197,7 @@ def test_bf16_smoke(model, batch):
     ref = np.asarray(model(ids, mask))
     m16 = Decoder(CFG, rngs=nnx.Rngs(0), dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
     nnx.update(m16, jax.tree.map(lambda x: x.astype(jnp.bfloat16), nnx.state(model, nnx.Param)))
-    assert m16.layers[0].attn.q_proj.kernel[...].dtype == jnp.bfloat16
+    assert m16.layers.attn.q_proj.kernel[...].dtype == jnp.bfloat16
     out = m16(ids, mask)
     assert out.dtype == jnp.float32
     got = np.asarray(out)[np.asarray(mask)]
@@ -211,15 +212,18 @@ def test_bf16_smoke(model, batch):
 def test_logical_axes_and_sharded_forward(model, batch):
     state = nnx.state(model, nnx.Param)
     specs = nnx.get_partition_spec(state)
-    assert specs["layers"][0]["attn"]["q_proj"]["kernel"].get_value() == P("embed", "heads")
-    assert specs["layers"][0]["mlp"]["down_proj"]["kernel"].get_value() == P("mlp", "embed")
+    layer = specs["layers"]
+    assert layer["attn"]["q_proj"]["kernel"].get_value() == P("layers", "embed", "heads")
+    assert layer["mlp"]["down_proj"]["kernel"].get_value() == P("layers", "mlp", "embed")
+    assert layer["input_norm"]["scale"].get_value() == P("layers", "norm")
     assert specs["embed_tokens"]["embedding"].get_value() == P("vocab", "embed")
     assert specs["lm_head"].get_value() == P("vocab", "embed")
     assert specs["final_norm"]["scale"].get_value() == P("norm")
     mesh_specs = jax.tree.map(lambda s: nn.logical_to_mesh_axes(tuple(s), LOGICAL_AXIS_RULES),
                               specs, is_leaf=lambda x: isinstance(x, P))
-    assert mesh_specs["layers"][1]["attn"]["k_proj"]["kernel"].get_value() == P("fsdp", "tensor")
-    assert mesh_specs["layers"][1]["attn"]["o_proj"]["kernel"].get_value() == P("tensor", "fsdp")
+    k_proj = mesh_specs["layers"]["attn"]["k_proj"]["kernel"].get_value()
+    assert k_proj == P(None, "fsdp", "tensor")
+    assert mesh_specs["layers"]["attn"]["o_proj"]["kernel"].get_value() == P(None, "tensor", "fsdp")
     assert mesh_specs["final_norm"]["scale"].get_value() == P(None)
 
     mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"),

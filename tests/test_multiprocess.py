@@ -72,7 +72,7 @@ def bigram_model(path: pathlib.Path) -> pathlib.Path:
     scale = np.ones(32, np.float32)
     scale[0] = 3.0
     model.final_norm.scale.value = scale
-    layer = model.layers[0]
+    layer = model.layers  # the one block (stacked parameters of 1 layer)
     layer.attn.o_proj.kernel.value = np.zeros_like(layer.attn.o_proj.kernel.value)
     layer.mlp.down_proj.kernel.value = np.zeros_like(layer.mlp.down_proj.kernel.value)
     save_pretrained(model, path)

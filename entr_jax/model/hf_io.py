@@ -4,6 +4,9 @@ ONE name map (`nnx_path_to_hf`) serves import (`from_pretrained`, `load_hf_state
 export (`save_pretrained`, `to_hf_state_dict`) and weight sync to HF-layout engines
 (SGLang / vLLM). HF ``nn.Linear`` weights are ``[out, in]``; ours are ``[in, out]``, so
 those entries are transposed; embeddings, ``lm_head`` and norm gains are copied as is.
+The decoder's block parameters are stacked on a leading layer axis (``layers.attn.q_proj
+.kernel [N, D, H*hd]``); layer ``i``'s slice is HF's ``model.layers.{i}.…`` tensor, so
+export slices and import stacks (`hf_entries`), exact copies both ways.
 """
 
 from __future__ import annotations
@@ -48,8 +51,9 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def nnx_path_to_hf(path: tuple) -> tuple[str, bool]:
-    """Maps an NNX parameter path, e.g. ``("layers", 3, "attn", "q_proj", "kernel")``, to
-    ``(HF tensor name, transpose)``, e.g. ``("model.layers.3.self_attn.q_proj.weight", True)``.
+    """Maps an NNX parameter path, e.g. ``("layers", 3, "attn", "q_proj", "kernel")``
+    (layer 3's slice of the stacked parameter), to ``(HF tensor name, transpose)``, e.g.
+    ``("model.layers.3.self_attn.q_proj.weight", True)``.
 
     Raises:
       KeyError: a path that is not a `Decoder` parameter.
@@ -61,6 +65,20 @@ def nnx_path_to_hf(path: tuple) -> tuple[str, bool]:
         name, transpose = _LAYER[path[2:]]
         return f"model.layers.{int(path[1])}.{name}", transpose
     raise KeyError(f"no HF name for parameter path {path!r}")
+
+
+def hf_entries(path: tuple, num_layers: int) -> list[tuple[str, bool, int | None]]:
+    """``(HF name, transpose, layer)`` of every HF tensor held by the parameter at
+    ``path``: one entry with layer None for a top-level parameter, one per layer ``i``
+    (its slice ``[i]``) for a stacked block parameter ``("layers", ...)``.
+
+    Raises:
+      KeyError: a path that is not a `Decoder` parameter.
+    """
+    path = tuple(path)
+    if path and path[0] == "layers" and not isinstance(path[1], int):
+        return [nnx_path_to_hf(("layers", i) + path[1:]) + (i,) for i in range(num_layers)]
+    return [nnx_path_to_hf(path) + (None,)]
 
 
 def _flat_params(obj: Any) -> Iterator[tuple[tuple, Any]]:
@@ -87,16 +105,38 @@ def to_hf_state_dict(params: Decoder | nnx.State | Mapping) -> dict[str, np.ndar
 
     Args:
       params: a `Decoder`, its ``nnx.State`` (``nnx.state(model, nnx.Param)``, possibly
-        sharded: each array is gathered to the host) or the same as a nested dict.
+        sharded: each array is gathered to the host) or the same as a nested dict; block
+        parameters stacked on a leading layer axis (`hf_entries`).
     Returns:
       ``{hf_name: np.ndarray}`` in the parameters' dtype (bf16 as ``ml_dtypes.bfloat16``).
     """
     out = {}
     for path, leaf in _flat_params(params):
-        name, transpose = nnx_path_to_hf(path)
         arr = np.asarray(jax.device_get(_array(leaf)))
-        out[name] = np.ascontiguousarray(arr.T if transpose else arr)
+        for name, transpose, layer in hf_entries(path, len(arr) if path[0] == "layers" else 0):
+            one = arr if layer is None else arr[layer]
+            out[name] = np.ascontiguousarray(one.T if transpose else one)
     return out
+
+
+def _gather(tensors: Mapping[str, np.ndarray], entries, want: tuple[int, ...]) -> np.ndarray:
+    """The HF tensors of ``entries`` (`hf_entries`), transposed back to our layout and
+    stacked when they are a stacked parameter's layers; KeyError / ValueError name a
+    missing tensor or one of the wrong shape."""
+    arrays = []
+    per_layer = want[1:] if entries[0][2] is not None else want
+    for name, transpose, _ in entries:
+        if name not in tensors:
+            raise KeyError(f"tensor {name!r} is missing from the checkpoint")
+        arr = np.asarray(tensors[name])
+        if transpose:
+            arr = arr.T
+        if tuple(arr.shape) != tuple(per_layer):
+            expected = per_layer[::-1] if transpose else per_layer
+            raise ValueError(f"tensor {name!r} has shape {tuple(np.shape(tensors[name]))}, "
+                             f"expected {tuple(expected)}")
+        arrays.append(arr)
+    return arrays[0] if entries[0][2] is None else np.stack(arrays)
 
 
 def load_hf_state_dict(model: Decoder, tensors: Mapping[str, np.ndarray], *,
@@ -104,7 +144,8 @@ def load_hf_state_dict(model: Decoder, tensors: Mapping[str, np.ndarray], *,
     """Copies HF-named tensors into ``model``'s parameters in place (weight sync / import).
 
     Each value is cast to the parameter's dtype and placed with the parameter's current
-    sharding when it has one. ``lm_head.weight`` is ignored for tied-embedding models.
+    sharding when it has one; the layers' tensors are stacked into the block parameters.
+    ``lm_head.weight`` is ignored for tied-embedding models.
 
     Raises:
       KeyError: a tensor the model needs is missing (message names it).
@@ -113,24 +154,14 @@ def load_hf_state_dict(model: Decoder, tensors: Mapping[str, np.ndarray], *,
     """
     used = set()
     for path, var in list(nnx.to_flat_state(nnx.state(model, nnx.Param))):
-        name, transpose = nnx_path_to_hf(path)
-        if name not in tensors:
-            raise KeyError(f"tensor {name!r} is missing from the checkpoint")
-        arr = np.asarray(tensors[name])
-        if transpose:
-            arr = arr.T
         current = var.get_value()
-        if tuple(arr.shape) != tuple(current.shape):
-            want = current.shape[::-1] if transpose else current.shape
-            raise ValueError(
-                f"tensor {name!r} has shape {tuple(np.shape(tensors[name]))}, expected {tuple(want)}"
-            )
-        value = jnp.asarray(arr, dtype=current.dtype)
+        entries = hf_entries(path, model.config.num_layers)
+        value = jnp.asarray(_gather(tensors, entries, tuple(current.shape)), dtype=current.dtype)
         sharding = getattr(current, "sharding", None)
         if isinstance(sharding, jax.sharding.Sharding):
             value = jax.device_put(value, sharding)
         var.set_value(value)
-        used.add(name)
+        used.update(name for name, _, _ in entries)
     if strict:
         extra = [
             n for n in tensors
@@ -204,10 +235,12 @@ def read_hf_tensors(path: str) -> Mapping[str, np.ndarray]:
     )
 
 
-def from_pretrained(path: str, *, dtype=jnp.float32, param_dtype=jnp.float32) -> Decoder:
+def from_pretrained(path: str, *, dtype=jnp.float32, param_dtype=jnp.float32,
+                    **decoder_kwargs) -> Decoder:
     """Loads a local HF directory (``config.json`` + safetensors) into a `Decoder`.
 
-    Parameters are created abstractly (no random init) and filled from the files.
+    Parameters are created abstractly (no random init) and filled from the files;
+    ``decoder_kwargs`` go to `Decoder` (``remat``, ``attention``, ``scan_layers``).
 
     Raises:
       FileNotFoundError: no config.json / safetensors files.
@@ -216,7 +249,8 @@ def from_pretrained(path: str, *, dtype=jnp.float32, param_dtype=jnp.float32) ->
     """
     config = ModelConfig.from_hf_config(_read_json(os.path.join(path, "config.json"), "config.json"))
     model = nnx.eval_shape(
-        lambda: Decoder(config, rngs=nnx.Rngs(0), dtype=dtype, param_dtype=param_dtype)
+        lambda: Decoder(config, rngs=nnx.Rngs(0), dtype=dtype, param_dtype=param_dtype,
+                        **decoder_kwargs)
     )
     load_hf_state_dict(model, read_hf_tensors(path))
     return model

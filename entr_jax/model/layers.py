@@ -10,6 +10,10 @@ Formulas:
   query head ``h`` reads kv head ``h // (H / K)``; scores and softmax in f32 (see
   `entr_jax.model.attention`: causal query blocks in the full forward, a mask in decode).
 - SwiGLU MLP (Shazeer 2020, eq. 6): ``down(silu(gate(x)) * up(x))``.
+
+The decoder holds its blocks as one `Block` whose parameters carry a leading layer axis
+(`stacked_blocks`, built with ``nnx.vmap``) and applies them with a scan, so a compiled
+program holds one layer's computation whatever the depth (MaxText, levanter).
 """
 
 from __future__ import annotations
@@ -21,11 +25,21 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from entr_jax.model.attention import attend_cache, causal_attend
+from entr_jax.model.attention import attend_cache
+from entr_jax.model.attention_impl import self_attention
 from entr_jax.model.config import ModelConfig
 from entr_jax.model.matmul import dense_dot_general
 
 _INIT = nnx.initializers.normal(stddev=0.02)
+
+# Rematerialisation policies of a decoder layer in the backward pass (``jax.checkpoint``):
+# None = no checkpoint (every residual kept); nothing saveable = recompute the layer;
+# the weight matmuls' outputs saved, the rest (norms, RoPE, attention, SwiGLU) recomputed.
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 
 
 def _part(init, axes):
@@ -121,10 +135,12 @@ def _linear(din, dout, axes, bias, rngs, dtype, param_dtype):
 class Attention(nnx.Module):
     """Self-attention with RoPE, GQA, optional q/k/v bias (qwen2/llama) and q/k norm (qwen3)."""
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, dtype, param_dtype,
+                 attention: str = "auto"):
         c = config
         d, h, k, hd = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim, self.dtype = h, k, hd, dtype
+        self.implementation = attention
         bias = c.attention_bias
         self.q_proj = _linear(d, h * hd, ("embed", "heads"), bias, rngs, dtype, param_dtype)
         self.k_proj = _linear(d, k * hd, ("embed", "kv_heads"), bias, rngs, dtype, param_dtype)
@@ -151,28 +167,37 @@ class Attention(nnx.Module):
     def __call__(self, x, rope, valid):
         """Full-sequence causal attention: ``x [B,L,D]``, ``rope`` (`rope_cos_sin` of the
         positions, ``[B,L,1,hd]`` each), ``valid [B,L]`` bool (True = real token; padding
-        keys are never read)."""
+        keys are never read); computed by `self_attention` with this layer's
+        implementation."""
         q, k, v = self.qkv(x, rope)
-        return self.o_proj(causal_attend(q, k, v, valid, self.dtype))
+        return self.o_proj(self_attention(q, k, v, valid, self.dtype, self.implementation))
 
-    def decode(self, x, positions, rope, cache_k, cache_v):
-        """Writes the new K/V at slot = position, attends to slots ``<= position``.
+    def decode(self, x, positions, rope, cache_k, cache_v, layer=None):
+        """Writes the new K/V at slot = position of this layer's cache, attends to its
+        slots ``<= position``.
 
         ``x [B,S,D]``, ``positions [B,S]`` int32, ``rope`` (`rope_cos_sin` of the
-        positions), ``cache_k [B,K,hd,M]``, ``cache_v [B,K,M,hd]``
-        (`entr_jax.model.decoder.KVCache`); returns ``(out [B,S,D], cache_k, cache_v)``.
-        Positions ``>= M`` are dropped from the write.
+        positions); the cache (`entr_jax.model.decoder.KVCache`) is this layer's
+        ``cache_k [B,K,hd,M]``, ``cache_v [B,K,M,hd]`` when ``layer`` is None, else every
+        layer's ``[N,B,K,hd,M]`` / ``[N,B,K,M,hd]`` with ``layer`` an int32 scalar in
+        ``[0, N)`` (the decode scan carries the whole cache). Returns ``(out [B,S,D],
+        cache_k, cache_v)`` with only this layer's written slots changed (a scatter, not
+        a copy). Positions ``>= M`` are dropped from the write.
         """
         q, k, v = self.qkv(x, rope)
         rows = jnp.arange(x.shape[0], dtype=jnp.int32)[:, None]
         rows = jnp.broadcast_to(rows, positions.shape)
+        at = () if layer is None else (layer,)
         # Index [rows, :, :, positions] of [B, K, hd, M] and [rows, :, positions] of
         # [B, K, M, hd] both select [B, S, K, hd]: k's and v's own layout.
-        cache_k = cache_k.at[rows, :, :, positions].set(k.astype(cache_k.dtype), mode="drop")
-        cache_v = cache_v.at[rows, :, positions].set(v.astype(cache_v.dtype), mode="drop")
-        slots = jnp.arange(cache_v.shape[2], dtype=jnp.int32)
+        cache_k = cache_k.at[at + (rows, slice(None), slice(None), positions)].set(
+            k.astype(cache_k.dtype), mode="drop")
+        cache_v = cache_v.at[at + (rows, slice(None), positions)].set(
+            v.astype(cache_v.dtype), mode="drop")
+        own_k, own_v = (cache_k, cache_v) if layer is None else (cache_k[layer], cache_v[layer])
+        slots = jnp.arange(own_v.shape[2], dtype=jnp.int32)
         mask = slots[None, None, :] <= positions[:, :, None]
-        out = self.o_proj(attend_cache(q, cache_k, cache_v, mask, self.dtype))
+        out = self.o_proj(attend_cache(q, own_k, own_v, mask, self.dtype))
         return out, cache_k, cache_v
 
 
@@ -192,11 +217,12 @@ class MLP(nnx.Module):
 class Block(nnx.Module):
     """Pre-norm decoder block: ``h = x + attn(norm1(x)); y = h + mlp(norm2(h))``."""
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, dtype, param_dtype,
+                 attention: str = "auto"):
         eps = config.rms_norm_eps
         kw = dict(dtype=dtype, param_dtype=param_dtype)
         self.input_norm = RMSNorm(config.hidden_size, eps, "norm", **kw)
-        self.attn = Attention(config, rngs=rngs, **kw)
+        self.attn = Attention(config, rngs=rngs, attention=attention, **kw)
         self.post_attn_norm = RMSNorm(config.hidden_size, eps, "norm", **kw)
         self.mlp = MLP(config, rngs=rngs, **kw)
 
@@ -204,8 +230,50 @@ class Block(nnx.Module):
         h = x + self.attn(self.input_norm(x), rope, valid)
         return h + self.mlp(self.post_attn_norm(h))
 
-    def decode(self, x, positions, rope, cache_k, cache_v):
+    def decode(self, x, positions, rope, cache_k, cache_v, layer=None):
+        """`Attention.decode` (this layer's cache, or every layer's and this one's index)
+        inside the block."""
         a, cache_k, cache_v = self.attn.decode(self.input_norm(x), positions, rope, cache_k,
-                                               cache_v)
+                                               cache_v, layer)
         h = x + a
         return h + self.mlp(self.post_attn_norm(h)), cache_k, cache_v
+
+
+class _KeyCounter:
+    """Stands in for ``nnx.Rngs`` to count the keys a module's constructor draws."""
+
+    def __init__(self):
+        self.draws = 0
+
+    def params(self):
+        self.draws += 1
+        return jax.random.key(0)
+
+
+def stacked_blocks(config: ModelConfig, rngs: nnx.Rngs, **kw) -> Block:
+    """``config.num_layers`` blocks as one `Block` whose every variable has a leading
+    layer axis (logical name ``"layers"``), built by ``nnx.vmap`` in one traced program.
+
+    Layer ``i`` draws the same keys from ``rngs``' ``params`` stream as the ``i``-th of
+    ``num_layers`` blocks built one after the other would (stream counts ``c0 + i * n``
+    onwards, ``n`` the keys one block draws, counted by tracing one block's
+    constructor), so the stacked weights equal the sequential ones bit for bit; the
+    stream ends where the sequential construction would leave it. ``kw``: `Block`'s
+    keyword arguments (dtype, param_dtype, attention).
+    """
+    counter = _KeyCounter()
+    jax.eval_shape(lambda: (Block(config, rngs=counter, **kw), 0)[1])
+    per_block = counter.draws
+    stream = rngs.params
+    key, start = stream.key[...], stream.count[...]
+    counts = start + jnp.arange(config.num_layers, dtype=start.dtype) * per_block
+
+    @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+    def build(count):
+        layer_rngs = nnx.Rngs(params=key)
+        layer_rngs.params.count[...] = count
+        return Block(config, rngs=layer_rngs, **kw)
+
+    blocks = build(counts)
+    stream.count[...] = start + config.num_layers * per_block
+    return blocks

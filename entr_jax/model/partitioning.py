@@ -6,16 +6,19 @@ Every parameter is created with ``out_sharding`` metadata holding logical axis n
 ``nnx.logical_axis_rules(LOGICAL_AXIS_RULES)`` as a context) turns them into mesh
 `PartitionSpec`s over the mesh axes ``("data", "fsdp", "tensor")``.
 
-Parameter layouts (kernels are ``[in, out]``):
+Parameter layouts (kernels are ``[in, out]``; every block parameter carries a leading
+layer axis ``N``, logical name ``"layers"``, which no mesh axis shards: the decoder scans
+over it, reading one layer's slice per step):
 
-  embedding / lm_head      [V, D]          ("vocab", "embed")
-  q_proj kernel            [D, H*hd]       ("embed", "heads")
-  k_proj, v_proj kernel    [D, K*hd]       ("embed", "kv_heads")
-  o_proj kernel            [H*hd, D]       ("heads", "embed")
-  q/k/v bias               [H*hd]/[K*hd]   ("heads",) / ("kv_heads",)
-  gate_proj, up_proj       [D, I]          ("embed", "mlp")
-  down_proj                [I, D]          ("mlp", "embed")
-  RMSNorm scales           [D] / [hd]      ("norm",) / ("head_dim",)
+  embedding / lm_head      [V, D]             ("vocab", "embed")
+  q_proj kernel            [N, D, H*hd]       ("layers", "embed", "heads")
+  k_proj, v_proj kernel    [N, D, K*hd]       ("layers", "embed", "kv_heads")
+  o_proj kernel            [N, H*hd, D]       ("layers", "heads", "embed")
+  q/k/v bias               [N, H*hd]/[N, K*hd] ("layers", "heads") / ("layers", "kv_heads")
+  gate_proj, up_proj       [N, D, I]          ("layers", "embed", "mlp")
+  down_proj                [N, I, D]          ("layers", "mlp", "embed")
+  block RMSNorm scales     [N, D] / [N, hd]   ("layers", "norm") / ("layers", "head_dim")
+  final RMSNorm scale      [D]                ("norm",)
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ MESH_AXES = ("data", "fsdp", "tensor")
 LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("batch", ("data", "fsdp")),
     ("length", None),
+    ("layers", None),
     ("vocab", "tensor"),
     ("embed", "fsdp"),
     ("heads", "tensor"),
