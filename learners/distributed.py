@@ -156,6 +156,26 @@ def local_row_shards(mesh: Mesh) -> int:
     return int(counts[jax.process_index()])
 
 
+def place(tree: Any, shardings: Any) -> Any:
+    """The arrays of ``tree`` placed into ``shardings`` (a matching tree of shardings).
+
+    With one process this is ``jax.device_put``. With several, an array that lives on
+    this process only (a process-local copy of a global value that is the same on every
+    process, e.g. published weights kept in a parameter ring) cannot be transferred across
+    hosts: every process then takes its own shards of its host copy
+    (``jax.make_array_from_callback``). Arrays that are already global are resharded."""
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings)
+
+    def one(x, sharding):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return jax.device_put(x, sharding)
+        host = np.asarray(x)
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+    return jax.tree.map(one, tree, shardings)
+
+
 def host_local(tree: Any, mesh: Mesh) -> Any:
     """numpy copies of this process's part of every array of ``tree``.
 

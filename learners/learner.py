@@ -28,10 +28,10 @@ from entr_jax.sharding import MeshConfig, make_mesh
 from entr_jax.types import Trajectory
 from learners.batching import make_batch
 from learners.checkpoint import CheckpointManager
-from learners.distributed import common_length, host_local, local_row_shards, shard_batch
+from learners.distributed import common_length, host_local, local_row_shards, place, shard_batch
 from learners.logging import DeferredMetrics, MetricsLogger
 from learners.optim import OptimizerConfig, make_optimizer, make_schedule
-from learners.state import TrainState, check_params, create_train_state
+from learners.state import check_params, create_train_state
 from learners.step import make_logprob_fn, make_train_step
 
 __all__ = ["Learner", "LearnerConfig", "NonFiniteError", "NonFiniteGuard", "check_reference_filters"]
@@ -323,8 +323,8 @@ class Learner:
         params, other = self.state.params, self.state.other
         if weights is not None:
             _, params, other = nnx.split(nnx.merge(self.state.graphdef, weights), nnx.Param, ...)
-            params = jax.device_put(params, self.shardings.params)
-            other = jax.device_put(other, self.shardings.other)
+            params = place(params, self.shardings.params)
+            other = place(other, self.shardings.other)
         logp, entropy = self.logprob_fn(params, other, batch)
         arrays = {"logp_pi": logp, "entropy_pi": entropy, "logp_mu": batch.logp_mu,
                   "entropy_mu": batch.entropy_mu, "token_version": batch.token_version,

@@ -9,7 +9,7 @@ step, sharded once and checkpointed.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
