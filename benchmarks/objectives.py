@@ -15,7 +15,8 @@ Prints one JSON object. Per objective (a jitted ``value_and_grad`` at ``[B, T]``
 * ``load_1m``: the median 1-minute load average (``os.getloadavg``) sampled every round,
   with its min and max: on a loaded machine wall times mean little without it;
 * ``hlo``: flops, bytes accessed and transcendentals of the compiled program
-  (``jax.jit(f).lower(...).compile().cost_analysis()``) and their ratios to the two
+  (``jax.jit(f).lower(...).compile().cost_analysis()``), the number of reductions JAX
+  lowers (each a pass over the data), and their ratios to the two
   references: a load-independent measure of the work next to the wall time.
 
     python benchmarks/objectives.py --batch 64 --length 4096 --repeats 30
@@ -36,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import time
 
@@ -82,10 +84,14 @@ def hlo_cost(fn, *args) -> dict[str, float]:
     """``flops``, ``bytes accessed`` and ``transcendentals`` of ``jax.jit(fn)`` compiled for
     ``args`` (XLA's cost analysis of the optimized program: deterministic for a given jax
     version, backend and shape, independent of load)."""
-    cost = jax.jit(fn).lower(*args).compile().cost_analysis()
+    lowered = jax.jit(fn).lower(*args)
+    cost = lowered.compile().cost_analysis()
     if isinstance(cost, (list, tuple)):  # older jax: one dict per computation
         cost = cost[0]
-    return {k: float(cost.get(k, 0.0)) for k in ("flops", "bytes accessed", "transcendentals")}
+    out = {k: float(cost.get(k, 0.0)) for k in ("flops", "bytes accessed", "transcendentals")}
+    # passes over the data the metrics cost: the reductions JAX lowers (before XLA fuses)
+    out["reductions"] = float(len(re.findall(r"stablehlo\.reduce[ (]", lowered.as_text())))
+    return out
 
 
 def _quantile(xs: list[float], q: float) -> float:

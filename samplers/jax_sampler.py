@@ -13,9 +13,8 @@ Design (see also `samplers.jax_decode` and `samplers.jax_sampling`):
 * **A KV cache that grows.** A decode step reads every slot of the cache, so the cache
   holds only the slots the next chunk can write: the prompt bucket doubled until it
   covers them, at most M (`_cache_slots`), grown with zeros between chunks. A response
-  that stops early never pays for M; at most ``log2(M / P) + 1`` cache sizes are compiled.
-  (Batch 32, 5M-parameter model, 2-core Xeon: 1.24x the decode speed of a full-size
-  cache at 512 new tokens, 1.01x at 128.)
+  that stops early never pays for M; at most ``log2(M / P) + 1`` cache sizes are compiled
+  (the speed it buys: docs/performance.md).
 * **Decode loop.** A Python loop over *chunks*; each chunk is one jitted
   ``lax.while_loop`` of up to ``steps_per_call`` decode steps that exits as soon as every
   row is done (so generation stops early). Chunk boundaries are where weights are swapped
@@ -28,8 +27,7 @@ Design (see also `samplers.jax_decode` and `samplers.jax_sampling`):
   on its device, since one read from another device's queue would wait for that device's
   work. On CPU this is how the sampler uses more than one core: XLA:CPU runs the small
   matmuls of a decode step on one thread, while each host device runs its own program
-  (2-core Xeon, batch 32 of the benchmark model: 1.46-1.49x the tokens/s of one device,
-  `docs/performance.md`).
+  (`docs/performance.md`).
   Weight swaps, the schedule and `pause` act at the same boundaries for all replicas.
   Each jitted function compiles once per device; ``stats`` sum over all device batches.
 * **Determinism.** Response token ``t`` of sample ``j`` of prompt ``i`` is drawn with the key
@@ -129,8 +127,8 @@ class JaxSamplerConfig:
         False (default) keeps one weight buffer and one KV cache per layer and unrolls the
         layers in each compiled step, so a decode step reads every buffer once; True scans
         over stacked weights and a stacked cache: a smaller program, compiled faster, but
-        XLA:CPU copies each layer's weights and cache slice before its matmuls (decode
-        1.66x slower per step on a 2-core Xeon, `docs/performance.md`). Installed weights
+        XLA:CPU copies each layer's weights and cache slice before its matmuls (slower
+        decoding there, `docs/performance.md`). Installed weights
         in the other layout are converted when installed.
       num_devices: data-parallel replicas (>= 1): the device batches are spread over the
         first ``num_devices`` of ``jax.local_devices()``, each holding a copy of the

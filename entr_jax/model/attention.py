@@ -31,8 +31,7 @@ and value segments ``0..i``. Reverse-mode autodiff transposes a split into a
 concatenation and a concatenation into slices, so each segment's gradient is a sum of
 same-sized slices. Slicing ``k[:, :s1]`` per block instead transposes into a zero-padded
 full-length array per block, summed over the blocks: with 8 blocks, 22 full-length pads
-per layer (8 of dQ, 7 each of dK and dV; 5% of the benchmark learner step's op time on a
-2-core Xeon).
+per layer (8 of dQ, 7 each of dK and dV; their cost: docs/performance.md).
 """
 
 from __future__ import annotations
@@ -106,8 +105,7 @@ def _attend_vjp(qh, kh, vh, mask, dtype):
     Reverse-mode autodiff forms the key and value gradients as ``dS^T Q`` and ``P^T dO``,
     which contract the ``G * S`` rows of the score-sized ``dS`` and ``P``; XLA:CPU then
     lays the elementwise fusion that produces them out transposed, writing a score-sized
-    array column by column (``copy_bitcast_fusion``: about 12% of the benchmark learner
-    step's op time on a 2-core Xeon, 20 ms per layer for one ``[2, 2, 384, 1024]`` block).
+    array column by column (``copy_bitcast_fusion``; its cost: docs/performance.md).
     Here they are formed transposed instead, ``(Q^T dS)^T`` and ``(dO^T P)^T``: the
     score-sized operand is read in its own row-major layout and only the ``[T, hd]``
     results are transposed. Same products (float rounding aside): the softmax backward

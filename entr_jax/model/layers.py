@@ -82,8 +82,8 @@ def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray,
     ``[num_positions, hd / 2]`` table of the same angles: the same values bit for bit, made
     once per call, so the fusions that rotate each layer's queries and keys (forward and
     backward) read them instead of evaluating cos and sin per head and element (XLA fuses
-    the table's cos and sin into the lookup itself; 6% of the benchmark learner step's op
-    time on a 2-core Xeon). Without it (decode, where positions follow the cache) they are
+    the table's cos and sin into the lookup itself; measured in docs/performance.md).
+    Without it (decode, where positions follow the cache) they are
     evaluated at ``positions`` directly.
     """
     inv = jnp.asarray(inv_freq)

@@ -13,8 +13,7 @@ The one difference is the shape ``dw`` is computed in. JAX contracts ``g [B, L, 
 ``x [B, L, K]`` over the two axes ``(0, 1)`` at once; XLA:CPU then lays that dot out by
 materialising a transposed copy of the larger operand (for the MLP's ``gate``/``up``
 projections, the ``[B * L, 4D]`` cotangent written column by column inside the SiLU
-backward fusion, about 16% of the benchmark learner step's op time on a 2-core AMD EPYC,
-2026-12-02, `benchmarks/learner.py`). Here both operands are first flattened to 2-D
+backward fusion; its cost: docs/performance.md). Here both operands are first flattened to 2-D
 ``[B * L, N]`` and ``[B * L, K]`` (a free reshape of row-major arrays), which XLA
 contracts without that copy. The products summed are the same; only the order of the
 float additions may differ, so the gradients agree with the plain ``dot_general`` to

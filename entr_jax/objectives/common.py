@@ -267,18 +267,19 @@ def fraction(flags: Array, mask: Array) -> Array:
     return jnp.sum(flags & mask, dtype=jnp.float32) / jnp.maximum(jnp.sum(mask, dtype=jnp.float32), 1.0)
 
 
-def stacked_sums(rows: list[Array]) -> Array:
-    """``[k] f32``: the sum of each of ``k`` same-shape arrays (bool rows count as 0/1).
+def stacked_sums(rows: dict[str, Array]) -> dict[str, Array]:
+    """``{name: [] f32}``: the sum of each of the same-shape arrays ``rows`` (bool rows
+    count as 0/1), in one stacked sum (in the rows' order) instead of one per row.
 
-    One stacked sum instead of ``k`` separate ones: XLA builds every row in one fused
-    elementwise pass and reduces them with one reduction (on XLA:CPU each separate
-    ``jnp.sum`` materialises its own f32 temporary and runs its own reduction). Counts
-    below 2**24 are exact in any summation order; a float row is its ``jnp.sum`` up to
-    the order of the float additions, which XLA fixes for neither form (on XLA:CPU the
-    two agree at some shapes and differ in the last bit at others).
+    XLA builds every row in one fused elementwise pass and reduces them with one reduction
+    (on XLA:CPU each separate ``jnp.sum`` materialises its own f32 temporary and runs its
+    own reduction). Counts below 2**24 are exact in any summation order; a float row is its
+    ``jnp.sum`` up to the order of the float additions, which XLA fixes for neither form.
     """
-    return jnp.sum(jnp.stack([r.astype(jnp.float32) for r in rows]),
-                   axis=tuple(range(1, rows[0].ndim + 1)))
+    arrays = list(rows.values())
+    sums = jnp.sum(jnp.stack([r.astype(jnp.float32) for r in arrays]),
+                   axis=tuple(range(1, arrays[0].ndim + 1)))
+    return {name: sums[i] for i, name in enumerate(rows)}
 
 
 def base_metrics(
@@ -314,27 +315,27 @@ def base_metrics(
     r = jnp.exp(log_ratio(sg(inp.logp_pi), inp.logp_mu))
     r_valid = lm & jnp.isfinite(r)
     means = means or {}
-    flags = [lm, ~keep & lm, r_valid] + [valid for _, valid, _ in means.values()]
+    rows = {"loss": lm, "rejected": ~keep & lm, "ratio_valid": r_valid}
+    rows.update({f"count:{key}": valid for key, (_, valid, _) in means.items()})
     if clipped_low is not None:
-        flags += [clipped_low & keep & lm, clipped_high & keep & lm]
-    nf = len(flags)
-    sums = stacked_sums(flags + [jnp.where(valid, x, 0.0) for x, valid, _ in means.values()])
-    counts = sums[:nf]
-    n_loss, n_rejected, n_r = counts[0], counts[1], counts[2]
+        rows.update(clip_low=clipped_low & keep & lm, clip_high=clipped_high & keep & lm)
+    rows.update({f"sum:{key}": jnp.where(valid, x, 0.0) for key, (x, valid, _) in means.items()})
+    sums = stacked_sums(rows)
+    n_loss, n_r = sums["loss"], sums["ratio_valid"]
     den = jnp.maximum(n_loss, 1.0)
     m = {
-        "mask/fraction": n_rejected / den,
-        "tokens/kept": n_loss - n_rejected,
+        "mask/fraction": sums["rejected"] / den,
+        "tokens/kept": n_loss - sums["rejected"],
         "ratio_pi_mu/mean": jnp.sum(jnp.where(r_valid, r, 0.0)) / jnp.maximum(n_r, 1.0),
         "ratio_pi_mu/max": jnp.where(n_r > 0, jnp.max(jnp.where(r_valid, r, -jnp.inf)), 0.0),
         "ratio_pi_mu/count": n_r,
     }
     if clipped_low is not None:
-        m["clip/frac_low"] = counts[-2] / den
-        m["clip/frac_high"] = counts[-1] / den
-    for i, (key, (x, valid, count_key)) in enumerate(means.items()):
-        m[key] = sums[nf + i] / jnp.maximum(counts[3 + i], 1.0)
-        m[count_key] = counts[3 + i]
+        m["clip/frac_low"] = sums["clip_low"] / den
+        m["clip/frac_high"] = sums["clip_high"] / den
+    for key, (_, _, count_key) in means.items():
+        m[key] = sums[f"sum:{key}"] / jnp.maximum(sums[f"count:{key}"], 1.0)
+        m[count_key] = sums[f"count:{key}"]
     return m
 
 

@@ -21,10 +21,8 @@ as transcribed; ``"kept_tokens"`` follows slime PR #657). No KL, no entropy bonu
   estimate from its top-k log-probs (INFERRED stand-in; the objective cannot tell the two
   apart, the name records what the sampler provided). With the SGLang fleet it is the
   midpoint of guaranteed bounds (``samplers/sglang_entropy.py``): ``|error| <=`` the
-  reported half-width; measured at V = 151,936, K = 20 the bias is -0.7 to -1.7 nats at
-  H >= 8 (flat tails are underestimated), up to +0.4 nats at moderate H, and under 0.2
-  nats below H = 2 (table in ``docs/sglang.md`` section 4), so S is scaled by
-  ``(H + eps) / (H_est + eps)``, e.g. about 1.09 at H = 10 with a -0.8 error. The main job
+  reported half-width (its measured bias: ``docs/sglang.md`` section 4), so S is scaled by
+  ``(H + eps) / (H_est + eps)``. The main job
   requires ``behavior_topk`` with ``sampler.kind='sglang'`` and ``behavior_full`` with the
   embedded sampler (exact entropies), and records the number of estimated tokens per
   batch (``sampler/entropy_estimated_tokens``).
@@ -147,10 +145,9 @@ def entr(logp_pi: jax.Array, batch: Any, cfg: EntrConfig) -> tuple[jax.Array, c.
     inp = c.read_inputs(logp_pi, batch, sanitize=False)
     keep, delta, entropy = _keep(inp, cfg)
     lp, lmu, adv = c.gate(keep, inp.logp_pi, inp.logp_mu, inp.advantages)
-    # The loss takes its own exp of the gated log-ratio. Reusing the metrics' exp(delta)
-    # (one transcendental per token instead of two, same values) was measured slower on
-    # XLA:CPU: the gradient fusion then reads one more materialised [B, T] array
-    # (docs/performance.md, 2026-12-04).
+    # The loss takes its own exp of the gated log-ratio: reusing the metrics' exp(delta)
+    # makes the gradient fusion read one more materialised [B, T] array
+    # (docs/performance.md).
     r = c.ratio(lp, lmu)
     loss_tok, lo, hi = c.ppo_clip_loss(r, adv, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
     num_kept = c.kept_count(inp, keep)

@@ -1,4 +1,4 @@
-"""The stress-regime search table (issue 12, section 4): for every setting of a sweep,
+"""The stress-regime search table (docs/stress.md section 4): for every setting of a sweep,
 the staleness-free baseline (``staleness.mode = sync``) against each stale method at the
 same learning rate, sampler mismatch and run length, over seeds.
 

@@ -18,8 +18,8 @@ from experiments.config import (CheckpointSpec, LearnerSpec, ModelSpec, Objectiv
 from learners.optim import OptimizerConfig
 
 # The embedded default: tiny model, CPU, arithmetic from GSM8K's calculator annotations.
-# Sized for a few minutes on 2 CPU cores (issue 15; `time/phases` in its summary shows
-# where the time goes). The warm start needs its 1000 updates of 64 demonstrations: the
+# Sized for a few minutes on 2 CPU cores (`time/phases` in its summary shows where the
+# time goes). The warm start needs its 1000 updates of 64 demonstrations: the
 # arithmetic is learned late (SFT loss 0.74 at step 400, 0.20 at step 1000, held-out
 # avg@4 0.34 before RL); at batch 32 the loss followed batch 64's for ~300 steps, then
 # stalled (0.67 at step 1000, avg@4 0.07), and 500 steps of 32 gave avg@4 0.04. Then 100
@@ -42,7 +42,7 @@ QUICKSTART = RunConfig(
     checkpoint=CheckpointSpec(every=50, keep=2),
 )
 
-# The stress testbed (issue 12): long worked-step responses (76-92 tokens, at least 64 by
+# The stress testbed (docs/stress.md): long worked-step responses (76-92 tokens, at least 64 by
 # construction) so that in-flight weight switches happen inside every response; Fig. 9's
 # staleness axes are reachable (inter lag up to 30 through the delay line, intra switches
 # up to 9 with a ring of 10 versions and switch steps drawn from [1, 47], below the
