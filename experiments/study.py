@@ -144,24 +144,32 @@ def test_methods(study: dict[str, Any], choice: dict[str, Any]) -> dict[str, dic
 
 
 def stage_sweeps(study: dict[str, Any], stage: str, out: str | pathlib.Path,
-                 choice: dict[str, Any] | None = None,
-                 sets: dict[str, Any] | None = None) -> list[tuple[dict, pathlib.Path]]:
-    """``[(sweep spec, out dir)]`` of a stage, one per warm start; ``sets`` replace or add
-    ``[fixed]`` entries (`experiments.sweep.apply_set`: a smaller copy of the study, e.g.
-    for a CI slice; refused for a key a method sets)."""
+                 choice: dict[str, Any] | None = None, sets: dict[str, Any] | None = None,
+                 warm_start: str | None = None) -> list[tuple[dict, pathlib.Path]]:
+    """``[(sweep spec, out dir)]`` of a stage, one per warm start (only ``warm_start``'s
+    when given); ``sets`` replace or add ``[fixed]`` entries (`experiments.sweep.apply_set`:
+    a smaller copy of the study, e.g. for a CI slice; refused for a key a method sets).
+
+    Raises:
+      ValueError: ``warm_start`` names none of the study's warm starts.
+    """
     pre = study["preregistration"]
+    names = [ws["name"] for ws in pre["warm_starts"]]
+    if warm_start is not None and warm_start not in names:
+        raise ValueError(f"--warm-start {warm_start!r}: the study's warm starts are {names}")
     methods = tuning_methods(study) if stage == "tune" else test_methods(study, choice)
     seeds = pre["tuning_seeds"] if stage == "tune" else pre["test_seeds"]
     return [(sweep.apply_set(_sweep_spec(study, methods, seeds, ws), sets or {}),
-             pathlib.Path(out) / stage / ws["name"]) for ws in pre["warm_starts"]]
+             pathlib.Path(out) / stage / ws["name"]) for ws in pre["warm_starts"]
+            if warm_start in (None, ws["name"])]
 
 
 def run_stage(study: dict[str, Any], stage: str, out: str | pathlib.Path, workers: int,
               choice: dict[str, Any] | None = None, only: str | None = None,
-              sets: dict[str, Any] | None = None) -> list[dict]:
+              sets: dict[str, Any] | None = None, warm_start: str | None = None) -> list[dict]:
     """Run a stage's sweeps (finished runs skipped); returns the run records."""
     records = []
-    for spec, where in stage_sweeps(study, stage, out, choice, sets):
+    for spec, where in stage_sweeps(study, stage, out, choice, sets, warm_start):
         runs = sweep.expand(spec, where)
         comparison.verify(spec, runs)
         comparison.write_spec(spec, where)
@@ -257,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="only the runs whose name matches REGEX (tune/test)")
     parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                         help="replace or add a [fixed] entry (tune/test; a smaller copy)")
+    parser.add_argument("--warm-start", metavar="NAME", default=None,
+                        help="only this warm start's runs (tune/test; e.g. one per machine)")
     args = parser.parse_args(argv)
     try:
         study = load_study(args.spec)
@@ -286,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             print(format_report(study_report(study, rows, choice)))
             return 0
         records = run_stage(study, args.stage, args.out, args.workers, choice, args.only,
-                            sweep.parse_set(args.set))
+                            sweep.parse_set(args.set), args.warm_start)
     except (ValueError, TypeError, FileNotFoundError) as err:
         print(f"study: error: {err}", file=sys.stderr)
         return 2

@@ -131,3 +131,40 @@ def test_a_bad_study_spec_is_refused_naming_the_key(tmp_path, edit, message):
     path.write_text(edit(SPEC.format(a="a" * 64, b="b" * 64)))
     with pytest.raises(ValueError, match=message):
         st.load_study(path)
+
+
+STUDIES = sorted((st.pathlib.Path(__file__).resolve().parents[1] / "experiments" / "studies").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.name)
+def test_every_shipped_study_is_runnable_and_its_warm_starts_are_the_frozen_ones(path, tmp_path):
+    """A shipped study loads, every method of each stage parses with the job's own CLI, the
+    comparison protocol holds, and each warm start's weights hash to the recorded sha256."""
+    from experiments import comparison
+    from experiments.preflight import weights_sha256
+    from experiments.run import parse
+
+    study = st.load_study(path)
+    root = path.parents[2]
+    for ws in study["preregistration"]["warm_starts"]:
+        assert weights_sha256(root / ws["path"]) == ws["sha256"], ws["name"]
+    fake_choice = {"chosen": {}, "rule": {"tau": 3.0}}
+    for stage, choice in (("tune", None), ("test", fake_choice)):
+        for spec, where in st.stage_sweeps(study, stage, tmp_path, choice):
+            runs = st.sweep.expand(spec, where)
+            comparison.verify(spec, runs)
+            seen = set()
+            for run in runs:
+                label = run.name.split("_seed=")[0]
+                if label in seen:
+                    continue
+                seen.add(label)
+                cfg, _ = parse(run.command(spec["preset"])[3:])
+                assert cfg.model.sha256 == run.overrides["model.sha256"]
+
+
+def test_one_warm_start_at_a_time(study, tmp_path):
+    only_b = st.stage_sweeps(study, "tune", tmp_path, warm_start="B")
+    assert [d.name for _, d in only_b] == ["B"] and only_b[0][0]["fixed"]["model.path"] == "ws/b"
+    with pytest.raises(ValueError, match=r"--warm-start 'C': the study's warm starts are \['A', 'B'\]"):
+        st.stage_sweeps(study, "tune", tmp_path, warm_start="C")
