@@ -43,6 +43,7 @@ Usage::
     python -m experiments.study choose SPEC.toml --out DIR
     python -m experiments.study test   SPEC.toml --out DIR --workers 2
     python -m experiments.study report SPEC.toml --out DIR
+    python -m experiments.study archive SPEC.toml --out DIR --to results/NAME   # to commit
 
 Paths in a study (warm starts) are relative to the directory the command runs in: the
 repository root.
@@ -254,10 +255,44 @@ def rule_tau(study: dict[str, Any], out: str | pathlib.Path) -> dict[str, Any]:
     return {"tau": float(tau), "stale_cut_budget": 0.02, "runs": paths, "tokens": len(tokens)}
 
 
+ARCHIVED = ("config.json", "meta.json", "summary.json", "metrics.jsonl", "timing.jsonl",
+            "eval", "reused_from.json")
+
+
+def archive(study: dict[str, Any], out: str | pathlib.Path, to: str | pathlib.Path) -> int:
+    """Copy the small files of every finished run of ``out`` (`ARCHIVED`; and the token
+    samples of the baseline's runs, which the decomposition and the rule read) to ``to``
+    in the same layout, with ``choice.json``: a folder to commit as the study goes, and
+    to pass as ``--out`` to continue it elsewhere (finished runs are skipped there).
+    Returns the number of runs copied."""
+    import shutil
+
+    out, to = pathlib.Path(out), pathlib.Path(to)
+    base = study["preregistration"]["baseline"]
+    n = 0
+    for summary in sorted(out.glob("*/*/*/summary.json")):
+        run = summary.parent
+        dest = to / run.relative_to(out)
+        names = ARCHIVED + (("token_samples",) if run.name.startswith(f"method={base}_") else ())
+        for name in names:
+            src = run / name
+            if src.is_dir():
+                shutil.copytree(src, dest / name, dirs_exist_ok=True)
+            elif src.exists():
+                dest.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dest / name)
+        n += 1
+    for extra in sorted(out.glob("*/*/sweep_spec.json")) + [out / "choice.json"]:
+        if extra.exists():
+            (to / extra.relative_to(out)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(extra, to / extra.relative_to(out))
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.study", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stage", choices=("plan", "tune", "choose", "test", "report"))
+    parser.add_argument("stage", choices=("plan", "tune", "choose", "test", "report", "archive"))
     parser.add_argument("spec")
     parser.add_argument("--out", default=None)
     parser.add_argument("--workers", type=int, default=1)
@@ -265,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="only the runs whose name matches REGEX (tune/test)")
     parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                         help="replace or add a [fixed] entry (tune/test; a smaller copy)")
+    parser.add_argument("--to", metavar="DIR", default=None,
+                        help="archive: the folder the finished runs' small files go to")
     parser.add_argument("--warm-start", metavar="NAME", default=None,
                         help="only this warm start's runs (tune/test; e.g. one per machine)")
     args = parser.parse_args(argv)
@@ -285,6 +322,11 @@ def main(argv: list[str] | None = None) -> int:
             n_test = n_arms * len(pre["test_seeds"]) * len(pre["warm_starts"])
             print(json.dumps({"preregistration": pre, "tuning": study["tuning"],
                               "tune_runs": n_tune, "test_runs": n_test}, indent=1))
+            return 0
+        if args.stage == "archive":
+            if not args.to:
+                raise ValueError("archive needs --to DIR")
+            print(f"{archive(study, args.out, args.to)} finished runs archived in {args.to}")
             return 0
         if args.stage == "choose":
             print(json.dumps(choose(study, args.out), indent=1))

@@ -168,3 +168,20 @@ def test_one_warm_start_at_a_time(study, tmp_path):
     assert [d.name for _, d in only_b] == ["B"] and only_b[0][0]["fixed"]["model.path"] == "ws/b"
     with pytest.raises(ValueError, match=r"--warm-start 'C': the study's warm starts are \['A', 'B'\]"):
         st.stage_sweeps(study, "tune", tmp_path, warm_start="C")
+
+
+def test_archive_keeps_the_small_files_and_the_baselines_token_samples(study, tmp_path):
+    out, to = tmp_path / "out", tmp_path / "archive"
+    for spec, where in st.stage_sweeps(study, "tune", out, warm_start="A"):
+        for run in st.sweep.expand(spec, where):
+            _finish(run.run_dir, "x", run.overrides["seed"], -1.0)
+            (run.run_dir / "token_samples").mkdir()
+            (run.run_dir / "token_samples" / "step_0.npz").write_bytes(b"z")
+            (run.run_dir / "checkpoints").mkdir()
+    (out / "tune" / "A" / "method=entr@0_seed=100" / "summary.json").unlink()  # unfinished
+    assert st.archive(study, out, to) == 5
+    kept = sorted(p.relative_to(to).as_posix() for p in to.rglob("*") if p.is_file())
+    assert "tune/A/method=grpo_async_seed=100/token_samples/step_0.npz" in kept
+    assert not any("entr@1_seed=100/token_samples" in k or "checkpoints" in k for k in kept)
+    assert not any(k.startswith("tune/A/method=entr@0_seed=100") for k in kept)
+    assert "tune/A/method=entr@1_seed=101/summary.json" in kept
