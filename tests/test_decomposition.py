@@ -4,6 +4,7 @@ zero mismatch with a float32 sampler, and the parts adding up to the whole."""
 
 import dataclasses
 import json
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -167,3 +168,19 @@ def test_a_run_without_the_decomposition_is_refused_with_the_fix(tmp_path, small
                                                ring_size=1)))
     with pytest.raises(ValueError, match="rerun it in sync or simulated"):
         decompose.load_run(load_run(tmp_path / "async"))
+
+
+def test_the_stored_study_slice_decomposes(tmp_path):
+    """The CI slice of the fp8 study (tests/data/study_slice, tests/data/make_study_slice.sh:
+    stale runs with fp8 sampler weights): both parts are present and add up."""
+    root = pathlib.Path(__file__).parent / "data" / "study_slice"
+    out = tmp_path / "out"
+    assert decompose.main([str(root), "--out", str(out), "--n-boot", "10"]) == 0
+    report = json.loads((out / "decomposition.json").read_text())
+    z = np.load(out / "tokens.npz")
+    assert report["bootstrap"]["unit"] == "run" and len(report["runs"]) == 2
+    assert report["max_abs_sum_error"] <= 1e-6
+    assert report["max_abs_delta_mis"] > 1e-3  # fp8 weights: a mismatch
+    old = z["age"] > 0
+    assert old.sum() > 100 and np.mean(np.abs(z["delta_stale"][old]) > 1e-6) > 0.5  # drift
+    assert np.all(z["delta_stale"][z["age"] == 0] == 0.0)

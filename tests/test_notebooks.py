@@ -1,5 +1,5 @@
-"""Every analysis notebook executes against the stored runs (tests/data/runs) and writes
-its figures to ``$ENTR_FIGURES``."""
+"""Every analysis notebook executes against the stored runs (tests/data/runs; the study
+slice for the decomposition) and writes its figures to ``$ENTR_FIGURES``."""
 
 import os
 import pathlib
@@ -18,7 +18,12 @@ FIGURES = {
     "staleness_sweep": ["staleness_sweep", "staleness_measured"],
     "ratio_vs_entropy": ["ratio_vs_entropy", "gate_cuts"],
     "mask_fraction": ["mask_fraction"],
+    "decomposition": ["decomposition_premises", "decomposition_gate_curves",
+                      "decomposition_gate_curves_by_entropy"],
 }
+# the stored runs each notebook executes on (tests/data/runs unless it needs others: the
+# decomposition reads token samples with logp_version, which the study slice has)
+RUNS_OF = {"decomposition": "tests/data/study_slice"}
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +71,8 @@ def _execute(name, runs, tmp_path, monkeypatch, kernel_env):
 
 @pytest.mark.parametrize("name", sorted(FIGURES))
 def test_notebook_executes_and_saves_figures(name, tmp_path, monkeypatch, kernel_env):
-    nb, figures = _execute(name, "tests/data/runs", tmp_path, monkeypatch, kernel_env)
+    nb, figures = _execute(name, RUNS_OF.get(name, "tests/data/runs"), tmp_path, monkeypatch,
+                           kernel_env)
     produced = sorted(p.name for p in figures.glob("*.png"))
     assert produced == sorted(f"{f}.png" for f in FIGURES[name])
     for f in figures.glob("*.png"):
