@@ -10,26 +10,16 @@ import shutil
 import pytest
 
 from tests.tb_events import read_events
-from flax import nnx
 
-from entr_jax.assets import tiny_dir
-from entr_jax.model import Decoder, ModelConfig, save_pretrained
 from experiments import run as cli
 from experiments.jsonl import PartialLineWarning
 from learners.checkpoint import CheckpointFallbackWarning
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """A 2-layer Qwen2 checkpoint with the embedded tokenizer (vocabulary 1024)."""
-    path = tmp_path_factory.mktemp("small_model")
-    hf = json.loads((tiny_dir() / "config.json").read_text())
-    hf.update(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-              num_attention_heads=2, num_key_value_heads=1, head_dim=16)
-    save_pretrained(Decoder(ModelConfig.from_hf_config(hf), rngs=nnx.Rngs(0)), path)
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        shutil.copy(tiny_dir() / name, path / name)
-    return path
+def model_dir(small_model_dir):
+    """A 2-layer Qwen2 checkpoint with the embedded tokenizer (conftest's)."""
+    return small_model_dir
 
 
 def args(model_dir, run_dir, *extra):
