@@ -21,11 +21,12 @@ objective) is passed only to the runs whose selection reads it: e.g.
 grid point that names the selecting field itself (``staleness.mode``) gets every field it
 names (a contradiction is the CLI's error to report); otherwise the fields its selection
 (from a comparison method, ``[fixed]`` or the preset) does not read are dropped from that
-run and its name, so a sync baseline in a lag grid runs once per remaining setting. ``run`` executes the runs on this machine with N
-worker processes, skipping finished runs (``summary.json`` exists) and resuming
-interrupted ones (``--resume``: from the last checkpoint, or afresh when one stopped
-before its first) and reporting a failed run with
-the last error line of its log (``<run_dir>/sweep.log``); ``emit`` writes one command per
+run and its name, so a sync baseline in a lag grid runs once per remaining setting.
+``run`` executes the runs on this machine with N worker processes, skipping finished runs
+(``summary.json`` exists) and resuming interrupted ones (``--resume``: from the last
+checkpoint, or afresh when one stopped before its first) and reporting a failed run with
+the last error line of its log (``<run_dir>/sweep.log``; the message of an error box, not
+its border); ``emit`` writes one command per
 line for a cluster scheduler (e.g. a Slurm array reading line ``$SLURM_ARRAY_TASK_ID``);
 ``summarize`` prints a table across runs.
 

@@ -15,8 +15,9 @@ exactly once; SGLang's radix cache still shares the prompt prefix across the G s
 * Retries: with exponential backoff (``tenacity``), a failed try (timeout, dropped
   connection, 5xx/408/429, a reply that fails validation, `samplers.sglang_reply`) is
   tried again, up to ``max_attempts`` failures on servers that stayed in rotation (a
-  failure that takes its server out does not count: the request waits for a server). A call may take ``request_timeout_s +
-  request_timeout_per_token_s * max_new_tokens``; a timed-out request is also aborted
+  failure that takes its server out does not count: the request waits for a server). A
+  call may take ``request_timeout_s + request_timeout_per_token_s * max_new_tokens``;
+  a timed-out request is also aborted
   (``/abort_request`` with its ``rid``, best effort) so it does not keep computing.
 * Refusals: a 4xx answer (but 408/429) is not retried on the server that gave it. A
   401/403/404/405 takes that server out of rotation (a key it refuses, or not an SGLang

@@ -166,8 +166,8 @@ def _check_reply(meta: Any, obj: dict, request: dict[str, Any], ctx: ReplyContex
         raise MalformedResponse(f"{len(triples)} log-probs for {n} completion tokens")
     out_ids = obj.get("output_ids")
     if out_ids is not None and (not isinstance(out_ids, list) or len(out_ids) != n):
-        raise MalformedResponse(f"output_ids has {len(out_ids) if isinstance(out_ids, list) else type(out_ids).__name__} "
-                                f"entries for {n} completion tokens")
+        got = len(out_ids) if isinstance(out_ids, list) else type(out_ids).__name__
+        raise MalformedResponse(f"output_ids has {got} entries for {n} completion tokens")
     return n, fr, version, triples, out_ids
 
 

@@ -126,6 +126,11 @@ class RouterControl:
                                    f"within {self.timeout_s} s")
             time.sleep(_POLL_S)
 
+    def serves(self) -> bool:
+        """Whether the router lists at least one healthy worker (its ``/workers``): a
+        router that answers while every worker is down would only answer 503."""
+        return any(w.get("is_healthy") is True for w in self.workers().values())
+
     def check_members(self, worker_urls: Sequence[str],
                       out_of_rotation: Sequence[str] = ()) -> None:
         """Make the router's workers ``worker_urls`` minus ``out_of_rotation``: add the

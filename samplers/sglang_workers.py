@@ -102,17 +102,17 @@ class Workers:
     def probe(self, server: Server) -> bool:
         """Re-probe of a server out of rotation; True brings it back.
 
-        The router: its registry must answer and is brought in line with the workers in
-        rotation (`RouterControl.check_members`). A worker: its version is read (an
-        authenticated call, so a worker that refuses the key stays out); it loads the
-        latest weights if it is behind, else ``/health_generate`` must answer; with a
-        router in rotation it is added back to it."""
+        The router: its registry must answer, list a healthy worker, and is brought in
+        line with the workers in rotation (`RouterControl.check_members`). A worker: its
+        version is read (an authenticated call, so a worker that refuses the key stays
+        out); it loads the latest weights if it is behind, else ``/health_generate`` must
+        answer; with a router in rotation it is added back to it."""
         try:
             if server is self.pool.router:
                 with self.pool.cond:
                     out = [s.url for s in self.servers if not s.healthy]
                 self.router.check_members(self.config.server_urls, out_of_rotation=out)
-                return True
+                return self.router.serves()
             version, latest = self.read_version(server), self.latest
             if latest is not None and version < latest[1]:
                 if self.update_one(server, *latest) is not None:

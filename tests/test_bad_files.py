@@ -50,7 +50,8 @@ MODEL_CASES = {
                        f"tensor '{BIAS}' has shape (3,), expected (16,) by config.json"),
     "architecture mismatch": (
         lambda m: (_json(m, "config.json", lambda c: dict(
-            c, architectures=["LlamaForCausalLM"], model_type="llama")), m / "model.safetensors")[1],
+            c, architectures=["LlamaForCausalLM"], model_type="llama")),
+            m / "model.safetensors")[1],
         "unexpected tensors in the checkpoint: ['model.layers.0.self_attn.k_proj.bias'"),
     "garbage tokenizer.json": (lambda m: _text(m, "tokenizer.json", '{"model": 7}'),
                                "not a tokenizers file ("),
@@ -131,8 +132,9 @@ DATA_CASES = {
                            "field 'answer' is missing (each row needs question: str, answer: str)"),
     "answer of the wrong type": (GOOD + '{"question": "q2", "answer": ["5"]}\n', 2,
                                  "field 'answer' must be str, got list \"['5']\""),
-    "row that is not an object": (GOOD + '["q", "a"]\n', 2,
-                                  "a row must be a JSON object (question: str, answer: str), got list"),
+    "row that is not an object": (
+        GOOD + '["q", "a"]\n', 2,
+        "a row must be a JSON object (question: str, answer: str), got list"),
     "binary file": (GOOD + "\x00\xff\xfe\n", 2, "not UTF-8 text ("),
 }
 

@@ -97,7 +97,8 @@ def test_data_folder_first_then_package(clean_env, monkeypatch, tmp_path):
     (tmp_path / "empty").mkdir()
     assert files.locate("gsm8k/train.jsonl", tmp_path / "empty").origin == "package"
     # a folder that does not exist (a typo) is refused, not read as "no file there"
-    with pytest.raises(files.DataNotFoundError, match="missing \\(--data.dir\\) is not a directory"):
+    with pytest.raises(files.DataNotFoundError,
+                       match="missing \\(--data.dir\\) is not a directory"):
         files.locate("gsm8k/train.jsonl", tmp_path / "missing")
 
 

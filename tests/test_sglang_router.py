@@ -129,7 +129,8 @@ def fleet_behind_router(tmp_path):
 def _cfg(fakes, router, **kw) -> SGLangFleetConfig:
     base = dict(
         server_urls=tuple(f.url for f in fakes), router_url=router.url, vocab_size=VOCAB,
-        entropy_top_k=K, request_timeout_s=5.0, request_timeout_per_token_s=0.0, connect_timeout_s=1.0, control_timeout_s=10.0,
+        entropy_top_k=K, request_timeout_s=5.0, request_timeout_per_token_s=0.0,
+        connect_timeout_s=1.0, control_timeout_s=10.0,
         max_attempts=5, backoff_initial_s=0.01, backoff_max_s=0.05, unhealthy_after=2,
         reprobe_interval_s=0.05, outage_wait_s=5.0, max_concurrency=4,
     )
