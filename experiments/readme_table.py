@@ -24,7 +24,7 @@ import re
 import sys
 from typing import Any
 
-from experiments.resume import RESULT_NEUTRAL_FIELDS
+from experiments.resume import RESULT_NEUTRAL_FIELDS, RESULT_NEUTRAL_SECTIONS
 
 BEGIN = "<!-- quickstart-table"
 END = "<!-- /quickstart-table -->"
@@ -36,12 +36,14 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def config_sha256(config: dict[str, Any]) -> str:
     """sha256 of a config dict (``config.json``) in canonical JSON, without the fields that
-    cannot change results (`experiments.resume.RESULT_NEUTRAL_FIELDS`, e.g. ``run_dir``)."""
+    cannot change results (`experiments.resume.RESULT_NEUTRAL_FIELDS`, e.g. ``run_dir``,
+    and the sections `experiments.resume.RESULT_NEUTRAL_SECTIONS`, e.g. ``logging``), so a
+    result-neutral field added later leaves the sha of an older run's config unchanged."""
     def strip(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         out = {}
         for key, value in tree.items():
             name = prefix + key
-            if name in RESULT_NEUTRAL_FIELDS:
+            if name in RESULT_NEUTRAL_FIELDS or (name + ".").startswith(RESULT_NEUTRAL_SECTIONS):
                 continue
             out[key] = strip(value, name + ".") if isinstance(value, dict) else value
         return out

@@ -245,3 +245,13 @@ def test_a_finished_run_without_rl_steps_is_not_overwritten(tmp_path, model_dir,
     code, _, err = call(args(model_dir, run_dir, "--rl_steps", "0"), capsys)
     assert (code, err) == (2, f"entr-run: error: {run_dir} already holds a run: pass --resume "
                               "to continue it, or choose another --run_dir\n")
+
+
+def test_the_fleets_timeouts_and_key_reference_may_change_on_resume():
+    """Neither how long the fleet waits nor where its key is read from changes what a run
+    computes (same weights, same requests): a resume may change them; the sampler kind not."""
+    from experiments.resume import Change
+
+    assert Change("sampler.fleet.outage_wait_s", 900.0, 1800.0).neutral
+    assert Change("sampler.api_key", "env:A", "file:/k").neutral
+    assert not Change("sampler.kind", "jax", "sglang").neutral
