@@ -44,7 +44,8 @@ STALENESS_FIELD_MODES: dict[str, tuple[str, ...]] = {
 
 
 _SGLANG_ONLY = ("server_urls", "router_url", "api_key", "export_dir", "fleet.")
-_JAX_ONLY = ("max_batch_size", "min_prompt_bucket", "logit_noise_std", "num_devices")
+_JAX_ONLY = ("max_batch_size", "min_prompt_bucket", "logit_noise_std", "num_devices",
+             "weight_quant", "recompute_kv_on_swap")
 _CHAIN_FIELDS = ("chain_terms_min", "chain_terms_max", "chain_digits_min", "chain_digits_max",
                  "chain_train_size", "chain_style", "chain_min_solution_chars")
 # Fields that only some values of a selecting field read (a key ending in "." is a whole

@@ -24,6 +24,7 @@ import re
 import sys
 from typing import Any
 
+from experiments.config import with_field_defaults
 from experiments.resume import RESULT_NEUTRAL_FIELDS, RESULT_NEUTRAL_SECTIONS
 
 BEGIN = "<!-- quickstart-table"
@@ -37,8 +38,10 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 def config_sha256(config: dict[str, Any]) -> str:
     """sha256 of a config dict (``config.json``) in canonical JSON, without the fields that
     cannot change results (`experiments.resume.RESULT_NEUTRAL_FIELDS`, e.g. ``run_dir``,
-    and the sections `experiments.resume.RESULT_NEUTRAL_SECTIONS`, e.g. ``logging``), so a
-    result-neutral field added later leaves the sha of an older run's config unchanged."""
+    and the sections `experiments.resume.RESULT_NEUTRAL_SECTIONS`, e.g. ``logging``), read
+    through `experiments.config.with_field_defaults`: a field added after a run counts with
+    the default it ran with, so adding one leaves the sha of an older run's config as the
+    current preset's when nothing else changed."""
     def strip(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         out = {}
         for key, value in tree.items():
@@ -48,7 +51,8 @@ def config_sha256(config: dict[str, Any]) -> str:
             out[key] = strip(value, name + ".") if isinstance(value, dict) else value
         return out
 
-    canonical = json.dumps(strip(config), sort_keys=True, separators=(",", ":"))
+    canonical = json.dumps(strip(with_field_defaults(config)), sort_keys=True,
+                           separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 

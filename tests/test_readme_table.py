@@ -75,6 +75,10 @@ def test_config_hash_ignores_where_files_go_but_not_the_experiment():
     # hashed: e.g. the SGLang fleet's timeouts, or where W&B logs
     older = dict(base, sampler={k: v for k, v in base["sampler"].items() if k != "fleet"})
     assert rt.config_sha256(older) == h
+    # a field added after a run counts with the default the run had (with_field_defaults)
+    older = dict(base, sampler={k: v for k, v in base["sampler"].items() if k != "weight_quant"})
+    assert rt.config_sha256(older) == h
+    assert rt.config_sha256(dict(base, sampler=dict(base["sampler"], weight_quant="int8"))) != h
     assert rt.config_sha256(dict(base, logging=dict(base["logging"], wandb=True))) == h
 
 
