@@ -92,7 +92,7 @@ class StalenessConfig:
         ``ring_size >= intra_switches + 1``.
       max_staleness: async mode only: the sampler waits when it is this many versions
         ahead of the learner (>= 0).
-      seed: the lag schedule's own seed.
+      seed: the lag schedule's own seed, in ``[0, 2**32)``.
     """
 
     mode: Mode = "simulated"
@@ -115,6 +115,8 @@ class StalenessConfig:
                 f"{self.inter_distribution!r}"
             )
         _require(self.inter_lag >= 0, "inter_lag", self.inter_lag, ">= 0")
+        _require(self.max_inter_lag >= 0, "max_inter_lag", self.max_inter_lag, ">= 0")
+        _require(0 <= self.seed < 2**32, "seed", self.seed, "in [0, 2**32) (numpy's seeds)")
         if self.inter_distribution != "fixed":
             _require(
                 self.max_inter_lag >= self.inter_lag,

@@ -27,24 +27,28 @@ import jinja2.ext
 import jinja2.sandbox
 import tokenizers
 
+from entr_jax.file_errors import BadFileError, about_file, read_json_object
+
 __all__ = ["Tokenizer"]
 
 
-def _token_content(value: Any) -> str | None:
+def _token_content(value: Any, file: pathlib.Path, name: str) -> str | None:
     """A special-token entry of tokenizer_config.json: a string, an AddedToken dict or null."""
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, Mapping) and isinstance(value.get("content"), str):
         return value["content"]
-    raise ValueError(f"unrecognised special token entry {value!r} in tokenizer_config.json")
+    raise BadFileError(file, f"{name} must be a token string, an AddedToken object or null, "
+                             f"got {value!r}")
 
 
-def _read_json(path: pathlib.Path) -> dict[str, Any]:
-    with path.open(encoding="utf-8") as f:
-        data = json.load(f)
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a JSON object")
-    return data
+def _ids(value: Any, file: pathlib.Path, name: str) -> list[int]:
+    """An int or a list of ints of generation_config.json (None: none)."""
+    ids = [] if value is None else [value] if not isinstance(value, list) else value
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise BadFileError(file, f"{name} must be a token id >= 0 or a list of them, got "
+                                 f"{value!r}")
+    return ids
 
 
 def _raise_exception(message: str) -> None:
@@ -128,7 +132,7 @@ class Tokenizer:
     def _required_id(self, token: str, field: str) -> int:
         token_id = self.backend.token_to_id(token)
         if token_id is None:
-            raise ValueError(f"{field} {token!r} from tokenizer_config.json is not in the vocabulary")
+            raise ValueError(f"{field} {token!r} is not in tokenizer.json's vocabulary")
         return token_id
 
     @classmethod
@@ -141,53 +145,65 @@ class Tokenizer:
 
         Raises:
           FileNotFoundError: the directory or its ``tokenizer.json`` is missing.
-          ValueError: a special token in tokenizer_config.json is malformed or unknown.
+          entr_jax.file_errors.BadFileError: a file that cannot be used (not a tokenizer,
+            not JSON, a malformed special token or eos/pad id, a special token that is not
+            in the vocabulary), naming the file and what is wrong.
         """
         root = pathlib.Path(path)
         tokenizer_file = root / "tokenizer.json"
         if not tokenizer_file.is_file():
             raise FileNotFoundError(f"no tokenizer.json in {root}")
-        backend = tokenizers.Tokenizer.from_file(str(tokenizer_file))
+        with about_file(tokenizer_file, "not a tokenizers file"):
+            backend = tokenizers.Tokenizer.from_file(str(tokenizer_file))
 
         config_file = root / "tokenizer_config.json"
-        config = _read_json(config_file) if config_file.is_file() else {}
+        config = read_json_object(config_file) if config_file.is_file() else {}
         special = {
-            name: _token_content(config.get(name))
+            name: _token_content(config.get(name), config_file, name)
             for name in ("bos_token", "eos_token", "pad_token", "unk_token")
         }
+        extra = config.get("additional_special_tokens") or []
+        if not isinstance(extra, list):
+            raise BadFileError(config_file, f"additional_special_tokens must be a list, got "
+                                            f"{type(extra).__name__}")
         additional = [
-            t for t in (_token_content(v) for v in config.get("additional_special_tokens") or [])
-            if t is not None
+            t for t in (_token_content(v, config_file, "additional_special_tokens")
+                        for v in extra) if t is not None
         ]
 
         template_file = root / "chat_template.jinja"
         template = config.get("chat_template")
         if template_file.is_file():
-            template = template_file.read_text(encoding="utf-8")
+            with about_file(template_file, "not UTF-8 text"):
+                template = template_file.read_text(encoding="utf-8")
         elif isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
             named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
             template = named.get("default")
         if template is not None and not isinstance(template, str):
-            raise ValueError(f"chat_template in {config_file} must be a string, got {type(template)}")
+            raise BadFileError(config_file, f"chat_template must be a string, got "
+                                            f"{type(template).__name__}")
 
         gen_eos: list[int] = []
         gen_pad = None
         gen_file = root / "generation_config.json"
         if gen_file.is_file():
-            gen = _read_json(gen_file)
-            eos = gen.get("eos_token_id")
-            gen_eos = [eos] if isinstance(eos, int) else list(eos or [])
-            gen_pad = gen.get("pad_token_id")
+            gen = read_json_object(gen_file)
+            gen_eos = _ids(gen.get("eos_token_id"), gen_file, "eos_token_id")
+            pad = _ids(gen.get("pad_token_id"), gen_file, "pad_token_id")
+            if len(pad) > 1:
+                raise BadFileError(gen_file, f"pad_token_id must be one id, got {pad}")
+            gen_pad = pad[0] if pad else None
 
-        return cls(
-            backend,
-            special_tokens=special,
-            additional_special_tokens=additional,
-            chat_template=template,
-            generation_eos_token_ids=gen_eos,
-            generation_pad_token_id=gen_pad,
-            clean_up_tokenization_spaces=config.get("clean_up_tokenization_spaces", False),
-        )
+        with about_file(config_file, "a special token does not match tokenizer.json"):
+            return cls(
+                backend,
+                special_tokens=special,
+                additional_special_tokens=additional,
+                chat_template=template,
+                generation_eos_token_ids=gen_eos,
+                generation_pad_token_id=gen_pad,
+                clean_up_tokenization_spaces=config.get("clean_up_tokenization_spaces", False),
+            )
 
     def __len__(self) -> int:
         return self.vocab_size

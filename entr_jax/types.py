@@ -67,6 +67,24 @@ class Generation:
                 )
 
 
+@dataclasses.dataclass(frozen=True)
+class BehaviorParams:
+    """The sampling parameters of the distribution ``mu`` a trajectory's policy tokens were
+    drawn from (those of `entr_jax.interfaces.SamplingParams` that shape it), so that
+    whoever scores the tokens can score the same distribution (`learners.learner.Learner`
+    refuses a mismatch).
+
+    Attributes:
+      temperature: softmax temperature.
+      top_k, top_p, min_p: the filters (-1 / 1 / 0 = off).
+    """
+
+    temperature: float
+    top_k: int = -1
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+
 @dataclasses.dataclass
 class Trajectory:
     """A complete (possibly multi-turn) episode for one prompt sample (host-side numpy).
@@ -85,6 +103,8 @@ class Trajectory:
       group_id: index of the prompt this sample belongs to (P prompts x G samples).
       finish_reason: of the last generation.
       info: free-form per-episode metadata (answer, number of turns, tool errors, ...).
+      behavior: the sampling parameters the policy tokens were drawn with
+        (`BehaviorParams`), or None when unknown (e.g. demonstrations).
     """
 
     prompt_ids: np.ndarray
@@ -97,6 +117,7 @@ class Trajectory:
     group_id: int = 0
     finish_reason: FinishReason = "stop"
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    behavior: BehaviorParams | None = None
 
     @classmethod
     def from_generation(cls, gen: Generation, **kwargs) -> "Trajectory":

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Literal
+import math
+import os
+from typing import Any, ClassVar, Literal
 
 from entr_jax.advantages import AdvantageConfig
 from entr_jax.objectives import OBJECTIVES
@@ -20,6 +22,7 @@ from learners.logging import LoggingConfig
 from entr_jax.tasks.rewards import VerifierConfig
 from experiments.errors import ConfigError
 from learners.optim import OptimizerConfig
+from samplers.sglang_config import FleetPolicy, check_api_key_source
 
 _ALIASES = {"estr"}  # registry aliases, not separate config sections
 
@@ -38,6 +41,61 @@ STALENESS_FIELD_MODES: dict[str, tuple[str, ...]] = {
     "seed": ("simulated",),
     "max_staleness": ("async",),
 }
+
+
+_SGLANG_ONLY = ("server_urls", "router_url", "api_key", "export_dir", "fleet.")
+_JAX_ONLY = ("max_batch_size", "min_prompt_bucket", "logit_noise_std", "num_devices",
+             "weight_quant", "recompute_kv_on_swap")
+_CHAIN_FIELDS = ("chain_terms_min", "chain_terms_max", "chain_digits_min", "chain_digits_max",
+                 "chain_train_size", "chain_style", "chain_min_solution_chars")
+# Fields that only some values of a selecting field read (a key ending in "." is a whole
+# section): ``{field: (selecting field, the values that read it)}``. A field given on the
+# command line for a selection that does not read it is refused (`experiments.run`); a
+# preset's value for it is kept in config.json but has no effect (the CLI notes it).
+SELECTED_FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    **{f"staleness.{k}": ("staleness.mode", v) for k, v in STALENESS_FIELD_MODES.items()},
+    **{f"sampler.{k}": ("sampler.kind", ("sglang",)) for k in _SGLANG_ONLY},
+    **{f"sampler.{k}": ("sampler.kind", ("jax",)) for k in _JAX_ONLY},
+    **{f"task.{k}": ("task.name", ("arithmetic",))
+       for k in ("arithmetic_max_chars", "arithmetic_ops")},
+    **{f"task.{k}": ("task.name", ("chain_sum",)) for k in _CHAIN_FIELDS},
+    **{f"objective.{name}.": ("objective.name", (name,) + tuple(sorted(
+        alias for alias in _ALIASES if OBJECTIVES[alias][1] is cls)))
+       for name, (_, cls) in OBJECTIVES.items() if name not in _ALIASES},
+}
+
+
+def selector_of(field: str) -> tuple[str, tuple[str, ...]] | None:
+    """``(selecting field, values that read it)`` of a dotted field (`SELECTED_FIELDS`), or
+    None for a field every run reads."""
+    for key, rule in SELECTED_FIELDS.items():
+        if field == key or (key.endswith(".") and field.startswith(key)):
+            return rule
+    return None
+
+
+def dotted(cfg: Any, field: str) -> Any:
+    """The value of a dotted field (``"staleness.mode"``) of a config."""
+    for part in field.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _check_numbers(cfg: Any, prefix: str = "") -> None:
+    """Refuse, naming the field, what no field of a run can mean: a NaN anywhere, an
+    infinite value outside the objective sections (whose ranges say where ``inf`` is
+    meant, e.g. no upper clip), and a seed (``seed``, ``*_seed``) outside ``[0, 2**32)``,
+    which numpy and JAX refuse only when the run reaches them."""
+    for f in dataclasses.fields(cfg):
+        value, name = getattr(cfg, f.name), prefix + f.name
+        if dataclasses.is_dataclass(value):
+            _check_numbers(value, name + ".")
+        elif isinstance(value, float) and not math.isfinite(value) and (
+                math.isnan(value) or not name.startswith("objective.")):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+        elif (f.name == "seed" or f.name.endswith("_seed")) and isinstance(value, int) \
+                and not 0 <= value < 2**32:
+            raise ValueError(f"{name} must be in [0, 2**32), got {value!r}")
 
 
 def _require(ok: bool, field: str, value: Any, what: str) -> None:
@@ -197,6 +255,15 @@ class TaskSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class FleetSpec(FleetPolicy):
+    """The SGLang fleet's timeouts, retries and health rules (``sampler.kind=sglang``
+    only): every field is `samplers.sglang_config.FleetPolicy`'s, e.g.
+    ``--sampler.fleet.request_timeout_s 120 --sampler.fleet.outage_wait_s 1800``."""
+
+    FIELD_PREFIX: ClassVar[str] = "sampler.fleet."
+
+
+@dataclasses.dataclass(frozen=True)
 class SamplerSpec:
     """Which sampler generates the rollouts.
 
@@ -211,8 +278,12 @@ class SamplerSpec:
         Weight pushes, pause/continue and the version check go to each of them directly.
       router_url: an ``sglang-router`` in front of ``server_urls`` (``sglang`` only; empty =
         none): generation then goes through it (``docs/sglang.md``).
-      api_key: sent as a bearer token when non-empty.
+      api_key: where the fleet's API key (sent as a bearer token) is read from when the
+        job starts: ``env:NAME`` (an environment variable) or ``file:PATH`` (the first
+        line of a file); empty = no key. Never the key itself, so config.json, checkpoints,
+        TensorBoard and W&B hold only this reference (`samplers.sglang_config.read_api_key`).
       export_dir: where weight exports go (empty: ``<run_dir>/exports``).
+      fleet: the fleet's timeouts, retries and health rules (``sglang`` only; `FleetSpec`).
       max_batch_size: rows per device batch of the embedded sampler.
       min_prompt_bucket: ``jax`` only: the smallest prompt bucket of the embedded sampler
         (tokens, >= 1; `samplers.jax_sampler.JaxSamplerConfig`): prompts are padded to a
@@ -259,6 +330,7 @@ class SamplerSpec:
     router_url: str = ""
     api_key: str = ""
     export_dir: str = ""
+    fleet: FleetSpec = FleetSpec()
     max_batch_size: int = 256
     min_prompt_bucket: int = 8
     logit_noise_std: float = 0.0
@@ -275,6 +347,7 @@ class SamplerSpec:
         _require(not self.router_url or (self.kind == "sglang" and self.router_url.startswith(
             ("http://", "https://"))), "sampler.router_url", self.router_url,
             "empty, or an http(s):// URL with sampler.kind 'sglang'")
+        check_api_key_source(self.api_key, "sampler.api_key")
         _require(self.max_batch_size >= 1, "sampler.max_batch_size", self.max_batch_size, ">= 1")
         _require(self.min_prompt_bucket >= 1, "sampler.min_prompt_bucket",
                  self.min_prompt_bucket, ">= 1")
@@ -298,6 +371,9 @@ class SamplerSpec:
                  "engine decides what happens to its cache on a weight update)")
 
 
+MIN_TEMPERATURE = 0.01
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingSpec:
     """Rollout sampling parameters (RL defaults: no filtering).
@@ -308,7 +384,10 @@ class SamplingSpec:
     from before its filters (``docs/sglang.md``), which could not be matched.
 
     Attributes:
-      temperature: softmax temperature, > 0 (greedy evaluation uses top-1, not T = 0).
+      temperature: softmax temperature, >= `MIN_TEMPERATURE` (greedy evaluation uses
+        top-1, not T = 0): below it the tempered distribution is an argmax to float32
+        precision wherever the logits differ by more than 1, and the learner's gradient,
+        which scales as 1/T, overflows (NaN at 1e-30).
       top_p: nucleus mass in (0, 1]; 1 = off.
       top_k: keep the k most likely tokens (>= 1); -1 = off.
       min_p: minimum probability relative to the mode, in [0, 1); 0 = off.
@@ -321,6 +400,10 @@ class SamplingSpec:
 
     def __post_init__(self):
         _require(self.temperature > 0, "sampling.temperature", self.temperature, "> 0")
+        _require(self.temperature >= MIN_TEMPERATURE, "sampling.temperature", self.temperature,
+                 f">= {MIN_TEMPERATURE} (below it sampling is an argmax to float32 "
+                 "precision and the learner's gradient, which scales as 1/T, overflows; the "
+                 "evaluation's greedy pass is top-1 whatever T is)")
         _require(0 < self.top_p <= 1, "sampling.top_p", self.top_p, "in (0, 1]")
         _require(self.top_k == -1 or self.top_k >= 1, "sampling.top_k", self.top_k,
                  "-1 (disabled) or >= 1")
@@ -500,6 +583,12 @@ class RunConfig:
     verifier: VerifierConfig = VerifierConfig()  # answer checking: workers, time limit
 
     def __post_init__(self):
+        _check_numbers(self)
+        parts = self.name.replace("\\", "/").split("/")
+        _require(bool(self.name.strip()) and not os.path.isabs(self.name)
+                 and not {".", ".."} & set(parts) and "" not in parts, "name", self.name,
+                 "a non-empty run name inside runs/ (no leading '/', no empty, '.' or '..' "
+                 "part): the run directory is runs/<name> unless --run_dir is given")
         _require(self.rl_steps >= 0, "rl_steps", self.rl_steps, ">= 0")
         rows = self.task.prompts_per_step * self.task.samples_per_prompt
         _require(self.learner.minibatches <= rows, "learner.minibatches", self.learner.minibatches,

@@ -64,6 +64,7 @@ from experiments import state_io
 from experiments.config import RunConfig
 from experiments.decomposition import logp_at_token_version
 from experiments.errors import RunError
+from experiments.fleet import fleet_metrics
 from experiments.objective import build_objective
 from experiments.phases import PhaseClock
 from experiments.rundir import RunDir
@@ -340,7 +341,7 @@ class Job:
     def _make_sampler(self):
         cfg = self.cfg
         if cfg.sampler.kind == "sglang":
-            from samplers.sglang_config import SGLangFleetConfig
+            from experiments.fleet import fleet_config
             from samplers.sglang_fleet import SGLangFleet
 
             graphdef = self.learner.state.graphdef
@@ -351,12 +352,9 @@ class Job:
             export_dir = cfg.sampler.export_dir or str(self.run / "exports")
             if self.share.count > 1:  # every process exports its own copy for its fleet client
                 export_dir = f"{export_dir}/process_{self.share.index}"
-            fleet = SGLangFleetConfig(
-                server_urls=cfg.sampler.server_urls, api_key=cfg.sampler.api_key or None,
-                router_url=cfg.sampler.router_url or None,
-                vocab_size=self.learner.state.model().config.vocab_size,
-                export_dir=export_dir, export_fn=export)
-            return SGLangFleet(fleet)
+            return SGLangFleet(fleet_config(
+                cfg, vocab_size=self.learner.state.model().config.vocab_size,
+                export_dir=export_dir, export_fn=export))
         rows = cfg.task.prompts_per_step * cfg.task.samples_per_prompt // self.share.count
         # a copy of the starting weights: the learner's own buffers are donated by its
         # first update, and the sampler serves version 0 until it is given another
@@ -454,7 +452,8 @@ class Job:
             return
         record = self._pending.pop(0)
         step, version = record.pop("step"), record.pop("version")
-        merged = {**record, **mp.global_batch_stats(learner_metrics)}
+        merged = {**record, **mp.global_batch_stats(learner_metrics),
+                  **fleet_metrics(self.sampler)}
         scalars = {k: v for k, v in merged.items() if not k.startswith("hist/")}
         metrics, timing = _split_timing(scalars)
         self.run.append_jsonl("metrics.jsonl", {"step": step, "version": version, **metrics})

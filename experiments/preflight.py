@@ -6,7 +6,8 @@ the run is made first), each raising one error that names the field or the file.
 * `check_devices`: the learner mesh tiles the devices of this process group; the sampler's
   replicas fit its local devices.
 * `read_model_config`: ``config.json`` of the model directory exists, is JSON and is a
-  supported architecture (the message names the file).
+  supported architecture, and the weights' headers match it (the message names the file).
+* `check_tokenizer`: the tokenizer's ids all have a row in the model's embedding.
 * `check_task`: enough training examples for a batch, non-empty evaluation sets, and the
   task's longest prompts plus the response budget fit the model's context.
 * `lag_horizon`: a warning (not a refusal) when fewer than half of a simulated-staleness
@@ -16,20 +17,22 @@ the run is made first), each raising one error that names the field or the file.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import pathlib
 import tempfile
 from typing import Any
 
 from entr_jax import staleness
+from entr_jax.assets import tiny_dir
 from entr_jax.data import encode_prompt
 from entr_jax.data.files import cache_dir, data_folder
-from entr_jax.model import ModelConfig
+from entr_jax.file_errors import BadFileError
+from entr_jax.model import ModelConfig, check_hf_tensors, read_config
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
 
-__all__ = ["check_devices", "check_run_dir", "check_task", "lag_horizon", "read_model_config"]
+__all__ = ["check_devices", "check_run_dir", "check_task", "check_tokenizer", "lag_horizon",
+           "read_model_config"]
 
 # prompts tokenized per set by check_task: the longest by characters (tokenizing every
 # GSM8K prompt through a chat template takes seconds; token counts follow the length)
@@ -142,11 +145,15 @@ def lag_horizon(cfg: RunConfig) -> str | None:
 
 
 def read_model_config(model_dir: str | os.PathLike) -> ModelConfig:
-    """`ModelConfig` of ``<model_dir>/config.json``.
+    """`ModelConfig` of ``<model_dir>/config.json``; a directory other than the embedded
+    tiny default must also hold weights that match it (checked from the safetensors
+    headers, no weight is read: `entr_jax.model.hf_io.check_hf_tensors`).
 
     Raises:
-      ConfigError: the directory or file is missing, the file is not JSON (with the line
-        and column), or the model is not supported; every message names the file.
+      ConfigError: the directory or its config.json is missing.
+      entr_jax.file_errors.BadFileError: config.json is not JSON (with the line and
+        column) or not a supported model; the weights are missing, or a tensor is missing,
+        left over, of another shape or of a non-float dtype; every message names the file.
     """
     file = pathlib.Path(model_dir) / "config.json"
     if not pathlib.Path(model_dir).is_dir():
@@ -161,19 +168,33 @@ def read_model_config(model_dir: str | os.PathLike) -> ModelConfig:
                           f"Face checkpoint: config.json, safetensors, tokenizer files){hint}")
     if not file.is_file():
         raise ConfigError(f"model.path {str(model_dir)!r} has no config.json")
-    try:
-        hf = json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{file} is not valid JSON (line {e.lineno}, column {e.colno}: "
-                          f"{e.msg})") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{file} is not UTF-8 text ({e.reason} at byte {e.start})") from None
-    if not isinstance(hf, dict):
-        raise ConfigError(f"{file} must hold a JSON object, got {type(hf).__name__}")
-    try:
-        return ModelConfig.from_hf_config(hf)
-    except ValueError as e:
-        raise ConfigError(f"{file}: {e}") from None
+    config = read_config(model_dir)
+    if pathlib.Path(model_dir).resolve() != pathlib.Path(tiny_dir()).resolve():
+        try:
+            check_hf_tensors(str(model_dir), config)
+        except FileNotFoundError as e:
+            raise ConfigError(f"model.path {str(model_dir)!r}: {e}") from None
+    return config
+
+
+def check_tokenizer(tokenizer: Any, model_cfg: ModelConfig, model_dir: str | os.PathLike) -> None:
+    """The tokenizer must be the model's: every id it can produce (and every end-of-sequence
+    id) has a row in the model's embedding.
+
+    Raises:
+      entr_jax.file_errors.BadFileError: naming tokenizer.json (or generation_config.json),
+        the sizes and config.json.
+    """
+    where = pathlib.Path(model_dir)
+    vocab = model_cfg.vocab_size
+    if tokenizer.vocab_size > vocab:
+        raise BadFileError(where / "tokenizer.json", (
+            f"{tokenizer.vocab_size} tokens, but config.json's vocab_size is {vocab}: ids "
+            f">= {vocab} would have no embedding row (the tokenizer of another model?)"))
+    bad = [i for i in tokenizer.eos_token_ids if i >= vocab]
+    if bad:
+        raise BadFileError(where / "generation_config.json", (
+            f"end-of-sequence ids {bad} are not below config.json's vocab_size {vocab}"))
 
 
 def _longest_prompts(examples: list[dict], env_factory, tokenizer) -> tuple[int, Any]:
@@ -207,12 +228,14 @@ def check_task(cfg: RunConfig, task: Any, tokenizer: Any, model_cfg: ModelConfig
       max_prompt_len: the embedded sampler's longest accepted prompt (None: no limit).
 
     Raises:
+      entr_jax.file_errors.BadFileError: the tokenizer is not the model's (`check_tokenizer`).
       ConfigError: fewer training examples than ``task.prompts_per_step`` (naming the data
         folder), an empty evaluation set, ``sft.steps > 0`` without demonstrations, or a prompt that with ``task.max_total_tokens``
         response tokens exceeds the model's context or the sampler's prompt limit (naming
         the example id and the numbers).
     """
     spec = cfg.task
+    check_tokenizer(tokenizer, model_cfg, cfg.model.path or tiny_dir())
     if len(task.train) < spec.prompts_per_step:
         raise ConfigError(
             f"task.name={spec.name!r} has {len(task.train)} training examples, fewer than "

@@ -24,7 +24,8 @@ import re
 import sys
 from typing import Any
 
-from experiments.resume import RESULT_NEUTRAL_FIELDS
+from experiments.config import with_field_defaults
+from experiments.resume import RESULT_NEUTRAL_FIELDS, RESULT_NEUTRAL_SECTIONS
 
 BEGIN = "<!-- quickstart-table"
 END = "<!-- /quickstart-table -->"
@@ -36,17 +37,22 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def config_sha256(config: dict[str, Any]) -> str:
     """sha256 of a config dict (``config.json``) in canonical JSON, without the fields that
-    cannot change results (`experiments.resume.RESULT_NEUTRAL_FIELDS`, e.g. ``run_dir``)."""
+    cannot change results (`experiments.resume.RESULT_NEUTRAL_FIELDS`, e.g. ``run_dir``,
+    and the sections `experiments.resume.RESULT_NEUTRAL_SECTIONS`, e.g. ``logging``), read
+    through `experiments.config.with_field_defaults`: a field added after a run counts with
+    the default it ran with, so adding one leaves the sha of an older run's config as the
+    current preset's when nothing else changed."""
     def strip(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         out = {}
         for key, value in tree.items():
             name = prefix + key
-            if name in RESULT_NEUTRAL_FIELDS:
+            if name in RESULT_NEUTRAL_FIELDS or (name + ".").startswith(RESULT_NEUTRAL_SECTIONS):
                 continue
             out[key] = strip(value, name + ".") if isinstance(value, dict) else value
         return out
 
-    canonical = json.dumps(strip(config), sort_keys=True, separators=(",", ":"))
+    canonical = json.dumps(strip(with_field_defaults(config)), sort_keys=True,
+                           separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 

@@ -43,8 +43,9 @@ RESULT_NEUTRAL_FIELDS: frozenset[str] = frozenset({
     "sampler.server_urls",    # which hosts serve the fleet (same weights, same requests)
     "verifier.num_workers",   # how many processes check answers (same answers, same scores)
 })
-# Sections whose every field is result-neutral: where metrics are also sent (W&B).
-RESULT_NEUTRAL_SECTIONS: tuple[str, ...] = ("logging.",)
+# Sections whose every field is result-neutral: where metrics are also sent (W&B), and the
+# SGLang fleet's timeouts, retries and health rules (same weights, same requests).
+RESULT_NEUTRAL_SECTIONS: tuple[str, ...] = ("logging.", "sampler.fleet.")
 
 _MISSING = "<absent>"
 _SHOWN = 10  # differing fields spelled out in a refusal

@@ -32,11 +32,11 @@ import os
 import sys
 import traceback
 import warnings
+from typing import Any
 
 import tyro
 
-from entr_jax.staleness import StalenessConfig
-from experiments.config import STALENESS_FIELD_MODES, RunConfig
+from experiments.config import RunConfig, dotted, selector_of
 from experiments.configs import PRESETS, REQUIRES_MODEL_PATH
 from experiments.errors import ConfigError, describe, is_complete, is_user_error
 
@@ -57,35 +57,61 @@ def _given_fields(argv: list[str]) -> set[str]:
     return {a[2:].split("=", 1)[0].replace("-", "_") for a in argv if a.startswith("--")}
 
 
-def check_staleness_fields(cfg: RunConfig, given: set[str], preset: RunConfig) -> str | None:
-    """Refuse staleness fields given on the command line that the run's mode does not read
-    (`experiments.config.STALENESS_FIELD_MODES`); return a note naming the preset's values
-    the mode does not read (None when there are none).
+_STALENESS_READS = {
+    "sync": "it trains on-policy (lag 0, no intra switches)",
+    "async": "it measures staleness and bounds it with staleness.max_staleness ({})",
+    "simulated": "it draws staleness from the seeded schedule (staleness.inter_lag, "
+                 "staleness.intra_switches)",
+}
+_SELECTION_NOUNS = {"staleness.mode": "modes", "sampler.kind": "sampler kinds",
+                    "task.name": "tasks", "objective.name": "objectives"}
+
+
+def _leaves(cfg: Any, prefix: str = ""):
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _leaves(value, prefix + f.name + ".")
+        else:
+            yield prefix + f.name
+
+
+def check_selected_fields(cfg: RunConfig, given: set[str], preset: RunConfig) -> str | None:
+    """Refuse fields given on the command line that the run's selection does not read
+    (a staleness field of another mode, a sampler option of the other kind, a section of
+    an objective or task not selected: `experiments.config.SELECTED_FIELDS`); return a
+    note naming the preset's values the selection does not read (None when there are none).
 
     Raises:
       ConfigError: e.g. ``staleness.inter_lag only applies to staleness.mode=simulated``.
     """
-    mode = cfg.staleness.mode
-    for name, modes in STALENESS_FIELD_MODES.items():
-        if f"staleness.{name}" in given and mode not in modes:
-            what = {"sync": "it trains on-policy (lag 0, no intra switches)",
-                    "async": "it measures staleness and bounds it with staleness.max_staleness "
-                             f"({cfg.staleness.max_staleness})",
-                    "simulated": "it draws staleness from the seeded schedule "
-                                 "(staleness.inter_lag, staleness.intra_switches)"}[mode]
-            raise ConfigError(
-                f"staleness.{name} only applies to staleness.mode={'/'.join(modes)}; this run "
-                f"is staleness.mode={mode}: {what}. Remove --staleness.{name} or set "
-                f"--staleness.mode {modes[0]}")
-    defaults = StalenessConfig()
-    unused = [f"{name}={getattr(cfg.staleness, name)}" for name, modes in
-              STALENESS_FIELD_MODES.items()
-              if mode not in modes and getattr(preset.staleness, name) != getattr(defaults, name)
-              and getattr(cfg.staleness, name) == getattr(preset.staleness, name)]
-    if unused:
-        return (f"staleness.mode={mode} does not read the preset's staleness "
-                f"{', '.join(unused)} (they apply to other modes)")
-    return None
+    for name in sorted(given):
+        rule = selector_of(name)
+        if rule is None or dotted(cfg, rule[0]) in rule[1]:
+            continue
+        selector, values = rule
+        value = dotted(cfg, selector)
+        what = ""
+        if selector == "staleness.mode":
+            what = ": " + _STALENESS_READS[value].format(cfg.staleness.max_staleness)
+        raise ConfigError(
+            f"{name} only applies to {selector}={'/'.join(values)}; this run is "
+            f"{selector}={value}{what}. Remove --{name} or set --{selector} {values[0]}")
+    defaults, unread = RunConfig(), {}
+    for name in _leaves(cfg):
+        rule = selector_of(name)
+        if rule is None or dotted(cfg, rule[0]) in rule[1] or name in given:
+            continue
+        if dotted(preset, name) != dotted(defaults, name) and \
+                dotted(cfg, name) == dotted(preset, name):
+            section, field = name.rsplit(".", 1)
+            unread.setdefault(rule[0], {}).setdefault(section, []).append(
+                f"{field}={dotted(cfg, name)}")
+    notes = [f"{selector}={dotted(cfg, selector)} does not read the preset's "
+             + "; ".join(f"{section} {', '.join(fields)}" for section, fields in sections.items())
+             + f" (they apply to other {_SELECTION_NOUNS[selector]})"
+             for selector, sections in unread.items()]
+    return "; ".join(notes) or None
 
 
 def parse(argv: list[str] | None = None) -> tuple[RunConfig, CliOptions]:
@@ -131,7 +157,14 @@ def parse(argv: list[str] | None = None) -> tuple[RunConfig, CliOptions]:
     if name in REQUIRES_MODEL_PATH and not cfg.model.path:
         raise ConfigError(f"preset {name!r} needs model.path (--model.path DIR, a local "
                           "Hugging Face checkpoint directory)")
-    note = check_staleness_fields(cfg, _given_fields(argv[1:]), default)
+    if cfg.sampler.kind == "sglang":  # a key that cannot be read is refused before work
+        from samplers.sglang_config import read_api_key
+
+        try:
+            read_api_key(cfg.sampler.api_key, "sampler.api_key")
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+    note = check_selected_fields(cfg, _given_fields(argv[1:]), default)
     if note:
         print(f"entr-run: note: {note}", file=sys.stderr)
     return cfg, opts

@@ -14,17 +14,19 @@ A sweep spec is a TOML file::
     rl_steps = 40
 
 Every run is ``python -m experiments.run PRESET --run_dir DIR --seed S --field value ...``
-(the same overrides the CLI takes). A ``[fixed]`` staleness field is passed only to the
-runs whose ``staleness.mode`` reads it (`experiments.config.STALENESS_FIELD_MODES`: e.g.
-``staleness.inter_lag`` is not passed to a ``sync`` run, which the CLI would refuse). A
-grid point that names ``staleness.mode`` itself gets every field it names (a contradiction
-is the CLI's error to report); otherwise the staleness fields its mode (from a comparison
-method, ``[fixed]`` or the preset) does not read are dropped from that run and its name,
-so a sync baseline in a lag grid runs once per remaining setting. ``run`` executes the runs on this machine with N
-worker processes, skipping finished runs (``summary.json`` exists) and resuming
-interrupted ones (``--resume``: from the last checkpoint, or afresh when one stopped
-before its first) and reporting a failed run with
-the last error line of its log (``<run_dir>/sweep.log``); ``emit`` writes one command per
+(the same overrides the CLI takes). A ``[fixed]`` field that only some selections read
+(`experiments.config.SELECTED_FIELDS`: a staleness mode, a sampler kind, a task, an
+objective) is passed only to the runs whose selection reads it: e.g.
+``staleness.inter_lag`` is not passed to a ``sync`` run, which the CLI would refuse. A
+grid point that names the selecting field itself (``staleness.mode``) gets every field it
+names (a contradiction is the CLI's error to report); otherwise the fields its selection
+(from a comparison method, ``[fixed]`` or the preset) does not read are dropped from that
+run and its name, so a sync baseline in a lag grid runs once per remaining setting.
+``run`` executes the runs on this machine with N worker processes, skipping finished runs
+(``summary.json`` exists) and resuming interrupted ones (``--resume``: from the last
+checkpoint, or afresh when one stopped before its first) and reporting a failed run with
+the last error line of its log (``<run_dir>/sweep.log``; the message of an error box, not
+its border); ``emit`` writes one command per
 line for a cluster scheduler (e.g. a Slurm array reading line ``$SLURM_ARRAY_TASK_ID``);
 ``summarize`` prints a table across runs.
 
@@ -79,6 +81,7 @@ import concurrent.futures
 import dataclasses
 import itertools
 import json
+import os
 import pathlib
 import re
 import shlex
@@ -189,24 +192,30 @@ def load_spec(path: str | pathlib.Path) -> dict[str, Any]:
     return spec
 
 
-def _mode_reads(spec: dict[str, Any], point: dict[str, Any]):
-    """``reads(field)``: whether the staleness mode of this run reads a fixed field."""
-    from experiments.config import STALENESS_FIELD_MODES
+def _selection_reads(spec: dict[str, Any], point: dict[str, Any]):
+    """``reads(field)``: whether this run's selection (staleness mode, sampler kind, task,
+    objective: `experiments.config.SELECTED_FIELDS`) reads a field."""
+    from experiments.config import dotted, selector_of
     from experiments.configs import PRESETS
 
     preset = PRESETS[spec["preset"]][1] if spec["preset"] in PRESETS else None
-    mode = point.get("staleness.mode", spec["fixed"].get(
-        "staleness.mode", preset.staleness.mode if preset else "simulated"))
 
     def reads(key: str) -> bool:
-        name = key.split(".", 1)[1] if key.startswith("staleness.") else None
-        return name not in STALENESS_FIELD_MODES or mode in STALENESS_FIELD_MODES[name]
+        rule = selector_of(key)
+        if rule is None:
+            return True
+        selector, values = rule
+        chosen = point.get(selector, spec["fixed"].get(
+            selector, dotted(preset, selector) if preset else None))
+        return chosen is None or chosen in values
     return reads
 
 
 def expand(spec: dict[str, Any], out_dir: str | pathlib.Path) -> list[SweepRun]:
-    """All runs of a spec, deduplicated, in a stable order. Fixed staleness fields the
-    run's mode does not read are left out (see the module docstring)."""
+    """All runs of a spec, deduplicated, in a stable order. Fixed fields the run's
+    selection does not read are left out (see the module docstring)."""
+    from experiments.config import selector_of
+
     out_dir = pathlib.Path(out_dir)
     runs: dict[str, SweepRun] = {}
     methods = comparison.method_points(spec)  # [("", {})] without a [comparison] table
@@ -216,12 +225,14 @@ def expand(spec: dict[str, Any], out_dir: str | pathlib.Path) -> list[SweepRun]:
             for label, method in methods:
                 for seed in spec["seeds"]:
                     point = dict(zip(keys, values))
-                    reads = _mode_reads(spec, {**method, **point})
-                    if "staleness.mode" not in point:
-                        # a method's mode (e.g. grpo_sync) does not read the grid's lag
-                        # fields: they leave its overrides and its name, so the baseline
-                        # runs once per remaining setting instead of once per lag
-                        point = {k: v for k, v in point.items() if reads(k)}
+                    reads = _selection_reads(spec, {**method, **point})
+                    # a method's selection (e.g. grpo_sync's mode) does not read some of
+                    # the grid's fields (its lags): they leave its overrides and its name,
+                    # so the baseline runs once per remaining setting instead of once per
+                    # lag; a grid that names the selector itself keeps every field (a
+                    # contradiction is the CLI's error to report)
+                    point = {k: v for k, v in point.items()
+                             if reads(k) or (selector_of(k) or ("",))[0] in point}
                     slugs = [label] if label else []
                     name = "_".join(slugs + [_slug(k, v) for k, v in point.items()]
                                     + [f"seed={seed}"])
@@ -340,7 +351,7 @@ def run_local(spec: dict[str, Any], out_dir: str | pathlib.Path, workers: int = 
         cmd = run.command(spec["preset"], resume=has_started(run))
         log_path = run.run_dir / "sweep.log"
         with open(log_path, "a") as log:
-            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
+            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env())
         if proc.returncode == 0:
             return {"name": run.name, "status": "ok"}
         return {"name": run.name, "status": f"rc={proc.returncode}",
@@ -351,9 +362,17 @@ def run_local(spec: dict[str, Any], out_dir: str | pathlib.Path, workers: int = 
     return records
 
 
+def child_env() -> dict[str, str]:
+    """The environment of a run's process: this one's, with its output in UTF-8 whatever
+    the locale (so the command line's error boxes are the ones `last_error_line` reads)."""
+    return {**os.environ, "PYTHONIOENCODING": "utf-8"}
+
+
 def last_error_line(log_path: str | pathlib.Path) -> str:
     """The line of a run's log that says why it failed: the last ``entr-run: error``
-    line, else the last line that is not a progress bar (e.g. a traceback's last line)."""
+    line; else the message of the last error box the command line printed (tyro's
+    ``╭─ Value error ─╮`` boxes: its title and first paragraph, on one line); else the
+    last line that is not a progress bar (e.g. a traceback's last line)."""
     try:
         lines = [ln.strip() for ln in pathlib.Path(log_path).read_text(
             errors="replace").replace("\r", "\n").splitlines() if ln.strip()]
@@ -363,6 +382,17 @@ def last_error_line(log_path: str | pathlib.Path) -> str:
               ln.startswith("entr-run: unexpected error")]
     if errors:
         return errors[-1]
+    tops = [i for i, ln in enumerate(lines) if ln.startswith("╭")]
+    if tops:
+        title = lines[tops[-1]].strip("╭╮─ ")
+        body = []
+        for ln in lines[tops[-1] + 1:]:
+            text = ln.strip("│ ")
+            if not text.strip("─") or ln.startswith("╰"):  # the box's separator or bottom
+                break
+            body.append(text)
+        message = " ".join(body)
+        return message if message.startswith(title) else f"{title}: {message}"
     plain = [ln for ln in lines if "it/s]" not in ln and "s/it]" not in ln]
     return plain[-1] if plain else "(empty log)"
 

@@ -23,18 +23,20 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from entr_jax.sampling_filter import check_filter, filter_active
+from entr_jax.sampling_filter import check_filter
 from entr_jax.sharding import MeshConfig, make_mesh
 from entr_jax.types import Trajectory
 from learners.batching import make_batch
 from learners.checkpoint import CheckpointManager
+from learners.contract import check_behavior, check_reference_filters, check_token_ids
 from learners.distributed import common_length, host_local, local_row_shards, place, shard_batch
 from learners.logging import DeferredMetrics, MetricsLogger
 from learners.optim import OptimizerConfig, make_optimizer, make_schedule
 from learners.state import check_params, create_train_state
 from learners.step import make_logprob_fn, make_train_step
 
-__all__ = ["Learner", "LearnerConfig", "NonFiniteError", "NonFiniteGuard", "check_reference_filters"]
+__all__ = ["Learner", "LearnerConfig", "NonFiniteError", "NonFiniteGuard", "check_behavior",
+           "check_reference_filters"]
 
 
 @jax.jit
@@ -78,37 +80,6 @@ class NonFiniteGuard:
                 f"step {step}: {self.consecutive} consecutive steps with non-finite {name} "
                 f"(= {metrics.get(name)}); updates were skipped, stopping the run"
             )
-
-
-def check_reference_filters(objective: Callable | None, config: "LearnerConfig") -> None:
-    """Refuse a KL penalty to the reference policy under sampling filters.
-
-    With ``top_k``/``top_p``/``min_p`` on, ``logp_ref`` is scored under the reference's
-    *filtered* distribution (the same ``logprob_fn`` as ``logp_pi``), so a sampled token
-    outside the reference's kept set gets ``LOGP_OUTSIDE_KEPT = -1e4``
-    (`entr_jax.logprobs`) instead of its true ``-inf``: GRPO's k3 term (DeepSeekMath eq. 4)
-    then clips ``logp_ref - logp_pi`` to -20 and adds the constant 19.0 with zero gradient,
-    i.e. no penalty exactly where pi left the reference's support. KL(pi || ref) between
-    truncated policies is not defined there, so the combination is refused.
-
-    Raises:
-      ValueError: ``"logp_ref" in objective.inputs`` and a filter is on; names the fields.
-    """
-    if "logp_ref" not in getattr(objective, "inputs", frozenset()):
-        return
-    if not filter_active(config.top_k, config.top_p, config.min_p):
-        return
-    on = ", ".join(f"LearnerConfig.{name}={getattr(config, name)!r}"
-                   for name, off in (("top_k", -1), ("top_p", 1.0), ("min_p", 0.0))
-                   if getattr(config, name) != off)
-    name = getattr(objective, "name", "the objective")
-    raise ValueError(
-        f"{name} reads logp_ref (a k3 KL penalty to the reference policy, e.g. "
-        f"GrpoConfig.kl_coef > 0), but sampling filters are on ({on}): a sampled token "
-        "outside the reference's filtered (truncated) support gets the stand-in log-prob "
-        "-1e4, so the KL term is a clipped constant with no gradient exactly where pi left "
-        "that support. Set kl_coef=0 or turn the filters off (top_k=-1, top_p=1.0, "
-        "min_p=0.0)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,6 +181,9 @@ class Learner:
         self.tx = make_optimizer(config.optimizer)
         self.state, self.shardings = create_train_state(module_fn, self.tx, self.mesh, config.seed,
                                                         params=params)
+        # the embedding's rows: token ids at or above would embed as NaN (check_token_ids)
+        self.vocab_size = getattr(getattr(nnx.eval_shape(module_fn), "config", None),
+                                  "vocab_size", None)
         kw = dict(chunk_size=config.chunk_size, temperature=config.temperature,
                   top_k=config.top_k, top_p=config.top_p, min_p=config.min_p)
         schedule = make_schedule(config.optimizer)
@@ -280,6 +254,7 @@ class Learner:
         """Host batch (`make_batch`: ``minibatches`` mini-batches of ``num_microbatches``
         microbatches) placed on the mesh, without extra log-prob passes."""
         c = self.config
+        check_token_ids(trajectories, self.vocab_size)
         host, stats = make_batch(
             trajectories, advantages, pad_id=c.pad_id, num_minibatches=minibatches,
             num_microbatches=c.num_microbatches, row_multiple=local_row_shards(self.mesh),
@@ -294,8 +269,11 @@ class Learner:
         reads them, computed once for the whole rollout batch) + stats.
 
         Raises:
-          ValueError: the objective reads ``logp_ref`` and no reference was set.
+          ValueError: the trajectories were sampled from another distribution than the
+            learner scores (`check_behavior`), or the objective reads ``logp_ref`` and no
+            reference was set.
         """
+        check_behavior(trajectories, self.config)
         batch, stats = self._device_batch(trajectories, advantages, self.config.num_minibatches)
         if self.needs_prox:
             batch = batch.replace(logp_prox=self.logprob_fn(self.state.params, self.state.other, batch)[0])
@@ -318,7 +296,12 @@ class Learner:
         ``weights``: a full module state of this policy (as `published_weights` returns,
         e.g. an older version kept in a parameter ring) to score with instead of the
         current parameters; placed into the parameter shardings first, so the same
-        compiled program runs and equal weights give bitwise equal log-probs."""
+        compiled program runs and equal weights give bitwise equal log-probs.
+
+        Raises:
+          ValueError: trajectories sampled from another distribution (`check_behavior`).
+        """
+        check_behavior(trajectories, self.config)
         batch, _ = self._device_batch(trajectories, [0.0] * len(trajectories))
         params, other = self.state.params, self.state.other
         if weights is not None:

@@ -10,15 +10,25 @@ exactly once; SGLang's radix cache still shares the prompt prefix across the G s
   across the workers. The client still retries what reaches it (below), resumes aborted
   samples, and does all that needs the workers themselves (`samplers.sglang_workers`):
   weight pushes, pause/continue, the version check, and taking a worker out of the router
-  while it catches up on weights it missed.
-* Retries: ``max_attempts`` tries per request with exponential backoff (``tenacity``); a
-  failed try (timeout, dropped connection, 5xx/429, unusable JSON) is tried again. A
-  timed-out request is also aborted (``/abort_request`` with its ``rid``, best effort) so
-  it does not keep computing.
-* Without a router the client routes itself: least outstanding requests over the healthy
-  servers, a retry goes to the least-loaded healthy one; a server failing
-  ``unhealthy_after`` times in a row leaves the rotation and is re-probed
-  (``/health_generate``, and a weight update if it missed one) after ``reprobe_interval_s``.
+  while it catches up on weights it missed. When the router dies, the workers are used
+  directly until it is back.
+* Retries: with exponential backoff (``tenacity``), a failed try (timeout, dropped
+  connection, 5xx/408/429, a reply that fails validation, `samplers.sglang_reply`) is
+  tried again, up to ``max_attempts`` failures on servers that stayed in rotation (a
+  failure that takes its server out does not count: the request waits for a server). A
+  call may take ``request_timeout_s + request_timeout_per_token_s * max_new_tokens``;
+  a timed-out request is also aborted
+  (``/abort_request`` with its ``rid``, best effort) so it does not keep computing.
+* Refusals: a 4xx answer (but 408/429) is not retried on the server that gave it. A
+  401/403/404/405 takes that server out of rotation (a key it refuses, or not an SGLang
+  server); any other 4xx leaves it in. The request goes to another server; when every
+  server has refused it, `generate` raises `FleetError` naming each server and its answer.
+* Routing (`samplers.sglang_routing`): to the router while it is in rotation, else least
+  outstanding requests over the workers in rotation; a server (or the router) failing
+  ``unhealthy_after`` times in a row leaves the rotation and is re-probed after
+  ``reprobe_interval_s`` (a worker with ``/get_model_info``, ``/health_generate`` and a
+  weight update if it missed one). While no server is in rotation, requests wait for one
+  to come back (one warning line), up to ``outage_wait_s``; the wait uses no tries.
 * Abort: a reply with ``finish_reason.type == "abort"`` (e.g. a weight update paused the
   server) is resumed: the tokens so far are appended to the input and only the remaining
   budget is requested; segments are concatenated, each token keeping the version of the
@@ -36,8 +46,9 @@ exactly once; SGLang's radix cache still shares the prompt prefix across the G s
   ``/continue_generation`` and a ``/health_generate`` that must succeed
   (`samplers.sglang_workers`).
 
-Log-prob and entropy handling (masking of unreadable tokens, entropy estimation with an
-error bound) is in `samplers.sglang_protocol` and `samplers.sglang_entropy`.
+Every reply is validated against its request and the model (token ids, log-probs,
+counts, versions, entropies; `samplers.sglang_reply`); the entropy estimate with its error
+bound is `samplers.sglang_entropy`. `SGLangFleet.metrics` counts every fault.
 """
 
 from __future__ import annotations
@@ -58,22 +69,27 @@ from entr_jax.interfaces import SamplingParams
 from entr_jax.types import Generation
 from samplers.sglang_config import SGLangFleetConfig
 from samplers.sglang_protocol import (
-    COUNTER_KEYS,
     MalformedResponse,
-    Segment,
     build_generate_payload,
     check_params_supported,
     decode_body,
-    parse_generate_reply,
 )
-from samplers.sglang_routing import Retryable
+from samplers.sglang_reply import COUNTER_KEYS, ReplyContext, Segment, parse_reply
+from samplers.sglang_routing import FleetError, Retryable
 from samplers.sglang_workers import Workers
 
-_COUNTERS = COUNTER_KEYS + (
+COUNTERS = COUNTER_KEYS + (
     "tokens", "retries", "failovers", "timeouts", "connection_errors", "http_errors",
-    "malformed_responses", "aborts_resumed", "probes", "servers_recovered",
-    "servers_marked_unhealthy", "weight_updates", "weight_update_failures", "stale_replies",
-    "version_checks", "router_removals", "router_additions", "router_errors")
+    "malformed_responses", "rejections", "aborts_resumed", "probes", "servers_recovered",
+    "servers_marked_unhealthy", "outages", "outage_waits", "weight_updates",
+    "weight_update_failures", "stale_replies", "version_checks", "router_removals",
+    "router_additions", "router_errors", "router_marked_unhealthy", "router_recovered",
+    "router_bypassed")
+"""The cumulative counters of `SGLangFleet.metrics` (each as ``sglang/<name>``)."""
+
+SERVER_LEVEL_REJECTIONS = (401, 403, 404, 405)
+"""4xx answers that say the server (not the request) is wrong: a key it refuses, a route it
+does not have (not an SGLang server). The server leaves the rotation."""
 
 
 class SGLangFleet:
@@ -94,10 +110,12 @@ class SGLangFleet:
             transport=transport,
         )
         self._workers = Workers(config, self._client)
-        self._target = self._workers.target  # where /generate requests go
-        self._cond = self._workers.pool.cond
-        self._counters = self._workers.pool.counters
-        self._pool = cf.ThreadPoolExecutor(config.max_concurrency, thread_name_prefix="sglang")
+        self._routes = self._workers.pool  # routes /generate requests
+        self._cond = self._routes.cond
+        self._counters = self._routes.counters
+        self._reply_ctx = ReplyContext(config.vocab_size, config.entropy_top_k,
+                                       config.initial_version)
+        self._executor = cf.ThreadPoolExecutor(config.max_concurrency, thread_name_prefix="sglang")
         self._halfwidth_sum = 0.0
         self._update_lock = threading.Lock()
         self._version = config.initial_version
@@ -115,8 +133,10 @@ class SGLangFleet:
 
         Raises:
           ValueError: bad ``prompts``/``num_samples`` or filtering ``params``.
-          RuntimeError: a unit failed ``max_attempts`` times (the fleet is down), or the
-            router routes to a worker outside ``server_urls`` (checked on the first call).
+          RuntimeError: a unit failed ``max_attempts`` times, every server rejected it, or
+            no server came back within ``outage_wait_s`` (`FleetError`; each message names
+            every server and what it answered); or the router routes to a worker outside
+            ``server_urls`` (checked on the first call).
         """
         check_params_supported(params)
         self._workers.check_router()
@@ -133,7 +153,7 @@ class SGLangFleet:
             call = self._calls
         futures = [
             [
-                self._pool.submit(
+                self._executor.submit(
                     self._sample_unit, ids, params,
                     _unit_seed(params.seed, call, i, s), f"{self._run_id}-{call}-{i}-{s}",
                 )
@@ -199,17 +219,21 @@ class SGLangFleet:
         return self._version
 
     def metrics(self) -> dict[str, float]:
-        """Flat ``sglang/...`` counters since construction (float values)."""
+        """Flat ``sglang/...`` values (floats): the `COUNTERS` since construction, and the
+        state now: ``servers_unhealthy`` (workers out of rotation), ``router_unhealthy``
+        (1 while requests bypass the router) and ``entropy_halfwidth_mean``."""
         with self._cond:
-            out = {f"sglang/{k}": float(self._counters[k]) for k in _COUNTERS}
+            out = {f"sglang/{k}": float(self._counters[k]) for k in COUNTERS}
             n = self._counters["tokens"]
             out["sglang/entropy_halfwidth_mean"] = self._halfwidth_sum / n if n else 0.0
             out["sglang/servers_unhealthy"] = float(sum(not s.healthy for s in self._workers.servers))
+            router = self._routes.router
+            out["sglang/router_unhealthy"] = float(router is not None and not router.healthy)
         return out
 
     def close(self) -> None:
         """Stop the worker threads and close connections."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._executor.shutdown(wait=True, cancel_futures=True)
         self._client.close()
 
     def __enter__(self) -> "SGLangFleet":
@@ -258,10 +282,23 @@ class SGLangFleet:
 
     def _request_segment(self, payload: dict[str, Any]) -> Segment:
         budget = payload["sampling_params"]["max_new_tokens"]
+        timeout = httpx.Timeout(self.config.request_timeout(budget),
+                                connect=self.config.connect_timeout_s)
+        rejected: dict[str, str] = {}  # url -> answer of the servers that refused it
         last_url: list[str | None] = [None]
+        charged = [0]  # failed tries that count against max_attempts
+
+        def failed(server, why: str, counter: str) -> Retryable:
+            """Release ``server`` after a failed try; the try counts against
+            ``max_attempts`` only if the server is still in rotation (a failure that takes
+            it out is the health rules' business: the request then waits for a server)."""
+            self._routes.release(server, ok=False, counter=counter, error=why)
+            with self._cond:
+                charged[0] += server.healthy
+            return Retryable(f"{server.url}: {why}")
 
         def attempt_once(n: int) -> Segment:
-            server = self._target.acquire()
+            server = self._routes.acquire(exclude=rejected)
             pushed = self._version  # fully pushed to every worker in rotation
             if n > 1:
                 self._count("retries")
@@ -270,31 +307,25 @@ class SGLangFleet:
             last_url[0] = server.url
             payload["rid"] = re.sub(r"-a\d+$", "", payload["rid"]) + f"-a{n}"
             try:
-                resp = self._client.post(server.url + "/generate", json=payload)
+                resp = self._client.post(server.url + "/generate", json=payload, timeout=timeout)
             except httpx.TimeoutException:
-                self._target.release(server, ok=False, counter="timeouts")
                 self._workers.abort_rid(server, payload["rid"])
-                raise Retryable(f"{server.url} timed out") from None
+                raise failed(server, f"no reply within {timeout.read:g} s", "timeouts") from None
             except httpx.TransportError as e:
-                self._target.release(server, ok=False, counter="connection_errors")
-                raise Retryable(f"{server.url}: {e!r}") from None
-            if resp.status_code >= 500 or resp.status_code == 429:
-                self._target.release(server, ok=False, counter="http_errors")
-                raise Retryable(f"{server.url} answered {resp.status_code}")
+                raise failed(server, repr(e), "connection_errors") from None
+            if resp.status_code >= 500 or resp.status_code in (408, 429):
+                raise failed(server, f"answered {resp.status_code}", "http_errors")
             if resp.status_code != 200:
-                self._target.release(server, ok=True)
-                raise RuntimeError(
-                    f"{server.url}/generate rejected the request ({resp.status_code}): "
-                    f"{resp.text[:500]}")
+                answer = f"answered {resp.status_code}: {resp.text[:300]}"
+                rejected[server.url] = answer
+                self._routes.reject(server, answer,
+                                    server_level=resp.status_code in SERVER_LEVEL_REJECTIONS)
+                raise Retryable(f"{server.url} {answer}")
             try:
-                seg = parse_generate_reply(decode_body(resp.content), self.config.entropy_top_k,
-                                           self.config.vocab_size, self.config.initial_version)
-                if len(seg.token_ids) > budget:
-                    raise MalformedResponse(f"{len(seg.token_ids)} tokens for a budget of {budget}")
+                seg = parse_reply(decode_body(resp.content), payload, self._reply_ctx)
             except MalformedResponse as e:
-                self._target.release(server, ok=False, counter="malformed_responses")
-                raise Retryable(f"{server.url}: {e}") from None
-            self._target.release(server, ok=True)
+                raise failed(server, f"malformed reply: {e}", "malformed_responses") from None
+            self._routes.release(server, ok=True)
             if seg.version < pushed:
                 self._workers.stale_reply(server)
             with self._cond:
@@ -304,7 +335,7 @@ class SGLangFleet:
             return seg
 
         retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(self.config.max_attempts),
+            stop=lambda _: charged[0] >= self.config.max_attempts,
             wait=tenacity.wait_exponential(multiplier=self.config.backoff_initial_s,
                                            max=self.config.backoff_max_s),
             retry=tenacity.retry_if_exception_type(Retryable),
@@ -315,9 +346,10 @@ class SGLangFleet:
                 with attempt:
                     return attempt_once(attempt.retry_state.attempt_number)
         except Retryable as e:
-            raise RuntimeError(
-                f"SGLang request failed {self.config.max_attempts} times; last error: {e}"
-            ) from None
+            raise FleetError(
+                f"SGLang request failed {self.config.max_attempts} times on servers that "
+                f"stayed in rotation (max_attempts); last error: {e}. Check the servers "
+                "(docs/sglang.md) or raise sampler.fleet.max_attempts") from None
         raise AssertionError("unreachable")
 
     # ------------------------------------------------------------------ bookkeeping

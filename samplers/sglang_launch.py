@@ -12,16 +12,30 @@ Usage::
 
     python -m samplers.sglang_launch --model-path /ckpt/qwen --gpu-ids 0 1 2 3   # print
     python -m samplers.sglang_launch --model-path /ckpt/qwen --gpu-ids 0 1 --run  # start
+    python -m samplers.sglang_launch --model-path /ckpt/qwen --api-key env:SGLANG_API_KEY
+
+The API key never appears on a command line or in what is printed: ``api_key`` names
+where it is read from (``env:NAME`` or ``file:PATH``), the launcher writes it to a file
+only the user can read (``<secrets_dir>/sglang_api_key.json``), and every command reads it
+from there: the servers with SGLang's ``--config FILE`` (a JSON file of server flags), the
+router through ``python -m samplers.sglang_launch router --key-file FILE ...``, which sets
+the router's ``api_key`` in-process before starting it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import json
 import os
 import shlex
 import subprocess
 import sys
+import tempfile
+
+from samplers.sglang_config import check_api_key_source, read_api_key
+
+KEY_FILE = "sglang_api_key.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +49,11 @@ class SGLangLaunchConfig:
       host: address the servers bind to; loopback by default. Any other address
         requires ``api_key``.
       base_port: port of the first server; server i listens on ``base_port + i``.
-      api_key: passed as ``--api-key`` (clients send ``Authorization: Bearer <key>``).
+      api_key: where the key the servers and the router require is read from
+        (clients send ``Authorization: Bearer <key>``): ``env:NAME`` or ``file:PATH``
+        (`samplers.sglang_config.read_api_key`); empty = no key.
+      secrets_dir: where the key file the commands read is written (made private, 0700;
+        the file 0600); empty = a new private temporary directory.
       mem_fraction_static: ``--mem-fraction-static`` when set (fraction of GPU memory
         for weights + KV cache).
       deterministic: add ``--enable-deterministic-inference`` (makes ``sampling_seed``
@@ -56,7 +74,8 @@ class SGLangLaunchConfig:
     tp_size: int = 1
     host: str = "127.0.0.1"
     base_port: int = 30000
-    api_key: str | None = None
+    api_key: str = ""
+    secrets_dir: str = ""
     mem_fraction_static: float | None = None
     deterministic: bool = False
     router_port: int | None = None
@@ -92,6 +111,7 @@ class SGLangLaunchConfig:
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
             raise ValueError(
                 f"SGLangLaunchConfig.mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
+        check_api_key_source(self.api_key, "SGLangLaunchConfig.api_key")
         if not _is_loopback(self.host) and not self.api_key:
             raise ValueError(
                 f"SGLangLaunchConfig.api_key is required when host ({self.host}) is not loopback")
@@ -146,15 +166,37 @@ def router_url(cfg: SGLangLaunchConfig) -> str | None:
     return f"http://{_client_host(cfg.host)}:{cfg.router_port}"
 
 
-def server_commands(cfg: SGLangLaunchConfig) -> list[LaunchCommand]:
-    """One ``sglang.launch_server`` command per server."""
+def write_key_file(cfg: SGLangLaunchConfig) -> str | None:
+    """Read the key ``cfg.api_key`` names and write it, as SGLang's ``--config`` JSON
+    (``{"api_key": ...}``), to ``<secrets_dir>/sglang_api_key.json`` with mode 0600;
+    returns its path (None without a key).
+
+    Raises:
+      ValueError: the key cannot be read (naming the variable or file, never the key).
+    """
+    key = read_api_key(cfg.api_key, "SGLangLaunchConfig.api_key")
+    if key is None:
+        return None
+    root = cfg.secrets_dir or tempfile.mkdtemp(prefix="entr-sglang-")
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    path = os.path.join(root, KEY_FILE)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"api_key": key}, f)
+    os.chmod(path, 0o600)
+    return path
+
+
+def server_commands(cfg: SGLangLaunchConfig, key_file: str | None = None) -> list[LaunchCommand]:
+    """One ``sglang.launch_server`` command per server; with ``key_file`` (`write_key_file`)
+    the servers read their key from it (``--config``)."""
     cmds = []
     for i in range(cfg.num_servers):
         gpus = cfg.gpu_ids[i * cfg.tp_size:(i + 1) * cfg.tp_size]
         argv = [cfg.python, "-m", "sglang.launch_server", "--model-path", cfg.model_path,
                 "--host", cfg.host, "--port", str(cfg.base_port + i), "--tp-size", str(cfg.tp_size)]
-        if cfg.api_key:
-            argv += ["--api-key", cfg.api_key]
+        if key_file:
+            argv += ["--config", key_file]
         if cfg.mem_fraction_static is not None:
             argv += ["--mem-fraction-static", str(cfg.mem_fraction_static)]
         if cfg.deterministic:
@@ -165,37 +207,61 @@ def server_commands(cfg: SGLangLaunchConfig) -> list[LaunchCommand]:
     return cmds
 
 
-def router_command(cfg: SGLangLaunchConfig) -> LaunchCommand | None:
-    """The ``sglang_router.launch_router`` command, or None without ``router_port``."""
+def router_command(cfg: SGLangLaunchConfig, key_file: str | None = None) -> LaunchCommand | None:
+    """The router's command, or None without ``router_port``: ``sglang_router.launch_router``,
+    or with ``key_file`` this module's ``router`` entry, which reads the key from it (the
+    router checks it and passes it on to the workers it was started with)."""
     if cfg.router_port is None:
         return None
-    argv = [cfg.python, "-m", "sglang_router.launch_router", "--worker-urls", *server_urls(cfg),
-            "--host", cfg.host, "--port", str(cfg.router_port),
-            "--prometheus-host", cfg.host, "--prometheus-port", str(cfg.metrics_port)]
-    if cfg.api_key:  # the router checks it and passes it on to the workers it was started with
-        argv += ["--api-key", cfg.api_key]
+    start = ([cfg.python, "-m", "samplers.sglang_launch", "router", "--key-file", key_file]
+             if key_file else [cfg.python, "-m", "sglang_router.launch_router"])
+    argv = start + ["--worker-urls", *server_urls(cfg), "--host", cfg.host,
+                    "--port", str(cfg.router_port), "--prometheus-host", cfg.host,
+                    "--prometheus-port", str(cfg.metrics_port)]
     return LaunchCommand(env={}, argv=tuple(argv))
 
 
-def all_commands(cfg: SGLangLaunchConfig) -> list[LaunchCommand]:
+def all_commands(cfg: SGLangLaunchConfig, key_file: str | None = None) -> list[LaunchCommand]:
     """Servers first, then the router (if any)."""
-    router = router_command(cfg)
-    return server_commands(cfg) + ([router] if router else [])
+    router = router_command(cfg, key_file)
+    return server_commands(cfg, key_file) + ([router] if router else [])
+
+
+def run_router(argv: list[str]) -> int:
+    """``router --key-file FILE ROUTER_ARGS...``: start ``sglang-router`` with
+    ``ROUTER_ARGS`` and the API key of ``FILE`` (`write_key_file`), set in-process."""
+    from sglang_router.launch_router import launch_router, parse_router_args
+
+    if "--key-file" not in argv or argv.index("--key-file") + 1 >= len(argv):
+        raise SystemExit("usage: python -m samplers.sglang_launch router --key-file FILE ...")
+    i = argv.index("--key-file")
+    with open(argv[i + 1], encoding="utf-8") as f:
+        key = json.load(f)["api_key"]
+    args = parse_router_args(argv[:i] + argv[i + 2:])
+    args.api_key = key
+    launch_router(args)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: print the commands (default) or start them and wait (``--run``)."""
+    """CLI: print the commands (default) or start them and wait (``--run``); ``router``
+    starts the router with its key file (`run_router`)."""
     import tyro
 
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["router"]:
+        return run_router(args[1:])
     run = "--run" in args
     args = [a for a in args if a != "--run"]
     cfg = tyro.cli(SGLangLaunchConfig, args=args)
-    cmds = all_commands(cfg)
+    key_file = write_key_file(cfg)
+    cmds = all_commands(cfg, key_file)
     for c in cmds:
         print(c.shell())
     router = f", router_url={router_url(cfg)!r}" if cfg.router_port is not None else ""
-    print(f"# fleet client: SGLangFleetConfig(server_urls={server_urls(cfg)!r}{router}, ...)")
+    key = f", api_key=<the key of {cfg.api_key}>" if cfg.api_key else ""
+    print(f"# fleet client: SGLangFleetConfig(server_urls={server_urls(cfg)!r}{router}{key}, "
+          "...)")
     if not run:
         return 0
     procs = [subprocess.Popen(list(c.argv), env={**os.environ, **c.env}) for c in cmds]

@@ -1,4 +1,4 @@
-"""SGLang native ``/generate`` wire format: request payloads and response parsing.
+"""SGLang native ``/generate`` wire format: request payloads, reply bodies and versions.
 
 Facts about the SGLang native HTTP API this module relies on (SGLang docs "SGLang Native
 APIs" and "Sampling Parameters"; ``python/sglang/srt/entrypoints/http_server.py``,
@@ -22,70 +22,22 @@ APIs" and "Sampling Parameters"; ``python/sglang/srt/entrypoints/http_server.py`
   refuses filtering parameters (`check_params_supported`).
 * Stock SGLang has no request option that returns per-token entropy; a server patched to
   put ``meta_info["output_token_entropy"]`` (one float per token) is used when present,
-  otherwise the entropy is estimated from ``output_top_logprobs`` (`sglang_entropy`); the
-  count of such estimated tokens is ``counts["tokens_entropy_estimated"]``.
+  otherwise the entropy is estimated from ``output_top_logprobs`` (`sglang_entropy`).
 
-Malformed data is never silently trained on: a token whose log-prob (or entropy) is
-missing or unreadable gets ``logp_mu = NaN`` (the batching step masks non-finite
-``logp_mu``) and is counted; engine-reported NaN/inf log-probs are kept as they came and
-counted (SGLang serialises with orjson, which writes NaN/inf as ``null``: those arrive as
-unreadable and are counted as malformed). When the ids of the unreadable tail are
-unknown, the segment is truncated before it and reported as an abort, so the fleet
-resumes sampling from the last known token (a fresh draw given that prefix, which is still
-a sample of the same policy).
+Replies are checked field by field against the request and the model before use
+(`samplers.sglang_reply`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 from typing import Any
 
-import numpy as np
-
 from entr_jax.interfaces import SamplingParams
-from samplers.sglang_entropy import topk_entropy_bounds
-
-COUNTER_KEYS = (
-    "tokens_missing_logprob",
-    "tokens_malformed_logprob",
-    "tokens_nonfinite_logprob",
-    "tokens_missing_entropy",
-    "tokens_dropped",
-    "tokens_entropy_estimated",
-)
 
 
 class MalformedResponse(ValueError):
     """A ``/generate`` reply that cannot be used at all (the request is retried)."""
-
-
-@dataclasses.dataclass
-class Segment:
-    """The part of one sample produced by one ``/generate`` reply.
-
-    Attributes:
-      token_ids: ``[r] int32`` generated ids.
-      logp: ``[r] float32`` log-prob of each id (NaN where unreadable, see module doc).
-      entropy: ``[r] float32`` full-vocabulary entropy estimate (nats).
-      entropy_halfwidth: ``[r] float32`` bound on ``|entropy - true entropy|``; 0 when
-        the engine reported the entropy itself.
-      version: integer policy version parsed from ``meta_info.weight_version``.
-      finish_type: ``"stop"``, ``"length"`` or ``"abort"``.
-      message: abort message (or truncation reason), else None.
-      counts: per-reply counters, keys `COUNTER_KEYS` (``tokens_entropy_estimated``: tokens
-        whose entropy is the top-k estimate, not an engine value).
-    """
-
-    token_ids: np.ndarray
-    logp: np.ndarray
-    entropy: np.ndarray
-    entropy_halfwidth: np.ndarray
-    version: int
-    finish_type: str
-    message: str | None
-    counts: dict[str, int]
 
 
 def check_params_supported(params: SamplingParams) -> None:
@@ -159,33 +111,6 @@ def parse_weight_version(value: Any, initial_version: int) -> int:
     raise MalformedResponse(f"weight_version {value!r} is not an integer version")
 
 
-def _number(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    return float(x)
-
-
-def _triple(entry: Any) -> tuple[float | None, int | None]:
-    """``(logprob, token_id)`` of a ``[logprob, id, text]`` triple; None where unreadable."""
-    if not isinstance(entry, (list, tuple)) or len(entry) < 2:
-        return None, None
-    tid = entry[1] if isinstance(entry[1], int) and not isinstance(entry[1], bool) else None
-    return _number(entry[0]), tid
-
-
-def _top_row(entry: Any, k: int) -> np.ndarray | None:
-    """``[k]`` log-probs of one position's top list (``-inf`` padded); None if unreadable."""
-    if not isinstance(entry, (list, tuple)) or len(entry) == 0:
-        return None
-    row = np.full(k, -np.inf)
-    for j, item in enumerate(entry[:k]):
-        lp, _ = _triple(item)
-        if lp is None or not math.isfinite(lp) and lp != -math.inf:
-            return None
-        row[j] = lp
-    return row
-
-
 def decode_body(raw: bytes) -> dict[str, Any]:
     """Parse a reply body; a one-element list (``n = 1`` batch form) is unwrapped.
 
@@ -201,101 +126,3 @@ def decode_body(raw: bytes) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise MalformedResponse(f"reply is a {type(obj).__name__}, expected an object")
     return obj
-
-
-def parse_generate_reply(
-    obj: dict[str, Any], top_k: int, vocab_size: int, initial_version: int
-) -> Segment:
-    """Turn one decoded ``/generate`` reply into a `Segment` (see module doc for policy).
-
-    Raises:
-      MalformedResponse: when the reply has no usable ``meta_info``, ``finish_reason``,
-        ``completion_tokens``, ``weight_version`` or ``output_token_logprobs``, or reports
-        more log-probs than tokens.
-    """
-    meta = obj.get("meta_info")
-    if not isinstance(meta, dict):
-        raise MalformedResponse("reply has no meta_info object")
-    fr = meta.get("finish_reason")
-    if isinstance(fr, str):
-        fr = {"type": fr}
-    if not isinstance(fr, dict) or fr.get("type") not in ("stop", "length", "abort"):
-        raise MalformedResponse(f"unknown finish_reason {fr!r}")
-    n = meta.get("completion_tokens")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise MalformedResponse(f"completion_tokens {n!r} is not a count")
-    version = parse_weight_version(meta.get("weight_version"), initial_version)
-    triples = meta.get("output_token_logprobs")
-    if not isinstance(triples, list):
-        raise MalformedResponse("meta_info.output_token_logprobs is missing")
-    if len(triples) > n:
-        raise MalformedResponse(f"{len(triples)} log-probs for {n} completion tokens")
-    out_ids = obj.get("output_ids")
-    ids_known = (
-        isinstance(out_ids, list) and len(out_ids) == n
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in out_ids)
-    )
-    counts = dict.fromkeys(COUNTER_KEYS, 0)
-    ids: list[int] = []
-    logp: list[float] = []
-    for i in range(n):
-        has = i < len(triples)
-        lp, tid = _triple(triples[i]) if has else (None, None)
-        if ids_known:
-            token = out_ids[i]
-            if has and tid != token:  # unreadable id or id disagreeing with output_ids
-                lp = None
-        elif tid is None:  # id of this and later tokens unknown: truncate, resume later
-            counts["tokens_dropped"] += n - i
-            break
-        else:
-            token = tid
-        if not has:
-            counts["tokens_missing_logprob"] += 1
-            lp = math.nan
-        elif lp is None:  # includes NaN/inf, which SGLang's orjson writes as null
-            counts["tokens_malformed_logprob"] += 1
-            lp = math.nan
-        elif not math.isfinite(lp):
-            counts["tokens_nonfinite_logprob"] += 1
-        ids.append(token)
-        logp.append(lp)
-    r = len(ids)
-    logp_r = np.asarray(logp, np.float32)
-    entropy, halfwidth, estimated = _entropies(meta, r, top_k, vocab_size)
-    missing_h = ~np.isfinite(entropy)
-    counts["tokens_entropy_estimated"] = int(np.sum(estimated & ~missing_h))
-    counts["tokens_missing_entropy"] = int(missing_h.sum())
-    logp_r = np.where(missing_h, np.float32(np.nan), logp_r).astype(np.float32)
-    finish, message = fr["type"], fr.get("message")
-    if counts["tokens_dropped"]:
-        finish, message = "abort", f"{counts['tokens_dropped']} tokens without readable ids"
-    return Segment(
-        token_ids=np.asarray(ids, np.int32),
-        logp=logp_r,
-        entropy=entropy,
-        entropy_halfwidth=halfwidth,
-        version=version,
-        finish_type=finish,
-        message=None if message is None else str(message),
-        counts=counts,
-    )
-
-
-def _entropies(meta: dict[str, Any], r: int, top_k: int, vocab_size: int):
-    """``(entropy [r] f32, halfwidth [r] f32, estimated [r] bool)``: engine values if given
-    (``estimated`` false), else the top-k estimate and its bound (``estimated`` true)."""
-    engine = meta.get("output_token_entropy")
-    if isinstance(engine, list) and len(engine) >= r:
-        vals = [_number(v) for v in engine[:r]]
-        if all(v is not None and math.isfinite(v) for v in vals):
-            return np.asarray(vals, np.float32), np.zeros(r, np.float32), np.zeros(r, bool)
-    tops = meta.get("output_top_logprobs")
-    rows = np.full((r, top_k), -np.inf)
-    for i in range(r):
-        row = _top_row(tops[i], top_k) if isinstance(tops, list) and i < len(tops) else None
-        rows[i] = row if row is not None else np.nan
-    if r == 0:
-        return np.zeros(0, np.float32), np.zeros(0, np.float32), np.zeros(0, bool)
-    est, lo, hi = topk_entropy_bounds(rows, vocab_size)
-    return est.astype(np.float32), (0.5 * (hi - lo)).astype(np.float32), np.ones(r, bool)

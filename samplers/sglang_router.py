@@ -30,6 +30,12 @@ or came back with its startup weights would be put back in rotation by the route
 health checks and serve old weights. Its tokens would still carry the right
 ``weight_version``, but they would be needlessly stale. So the client removes such a worker
 from the router, loads the newest weights on it directly, and only then adds it back.
+
+The router itself is one more server of the fleet's `samplers.sglang_routing.ServerPool`:
+while it is in rotation every request goes to it; when it fails ``unhealthy_after`` times
+in a row (it died, or it refuses the client's key) requests go to the workers directly,
+and the router is re-probed; once it answers again its registry is brought back in line
+with the workers in rotation (`RouterControl.check_members`) before it takes requests.
 """
 
 from __future__ import annotations
@@ -43,34 +49,6 @@ import httpx
 from samplers.sglang_routing import Server, ServerPool
 
 _POLL_S = 0.05  # registry polling interval while waiting for a queued job, seconds
-
-
-class RouterEndpoint:
-    """Generation target with the same ``acquire``/``release`` interface as `ServerPool`:
-    every request goes to the one router URL, and nothing is taken out of rotation here (the
-    router tracks worker health). Shares the worker pool's lock and counters, and starts the
-    pool's due re-probes (catch-up of workers taken out) on every `acquire`."""
-
-    def __init__(self, url: str, workers: ServerPool):
-        self.server = Server(url)
-        self.workers = workers
-        self.cond = workers.cond
-        self.counters = workers.counters
-
-    def acquire(self) -> Server:
-        self.workers.poll()
-        with self.cond:
-            self.server.outstanding += 1
-            return self.server
-
-    def release(self, server: Server, ok: bool, counter: str | None = None) -> None:
-        with self.cond:
-            server.outstanding -= 1
-            if counter:
-                self.counters[counter] += 1
-
-    def count(self, key: str, n: int = 1) -> None:
-        self.workers.count(key, n)
 
 
 class RouterControl:
@@ -148,9 +126,17 @@ class RouterControl:
                                    f"within {self.timeout_s} s")
             time.sleep(_POLL_S)
 
-    def check_members(self, worker_urls: Sequence[str]) -> None:
-        """Make the router's workers a subset of ``worker_urls`` and add the missing ones
-        (e.g. taken out by a client that stopped before adding them back).
+    def serves(self) -> bool:
+        """Whether the router lists at least one healthy worker (its ``/workers``): a
+        router that answers while every worker is down would only answer 503."""
+        return any(w.get("is_healthy") is True for w in self.workers().values())
+
+    def check_members(self, worker_urls: Sequence[str],
+                      out_of_rotation: Sequence[str] = ()) -> None:
+        """Make the router's workers ``worker_urls`` minus ``out_of_rotation``: add the
+        missing ones (e.g. taken out by a client that stopped before adding them back, or
+        lost by a router that restarted) and remove those out of rotation (they catch up
+        first and are added back then).
 
         Raises:
           RuntimeError: the router routes to a worker not in ``worker_urls``; that worker
@@ -165,7 +151,10 @@ class RouterControl:
                 "weight updates. List every worker in server_urls (same spelling as the "
                 "router's --worker-urls).")
         for url in worker_urls:
-            if url not in listed:
+            if url in out_of_rotation:
+                if url in listed:
+                    self.remove(url)
+            elif url not in listed:
                 self.add(url)
 
 

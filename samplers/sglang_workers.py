@@ -1,8 +1,8 @@
 """The SGLang workers as the fleet client controls them directly: weight loading,
 pause/continue, the version check, health re-probes and (with a router) their membership in
-the router's registry. Generation requests go to `Workers.target`: the workers themselves
-(`ServerPool`, least outstanding requests) or, with ``config.router_url``, the router
-(`samplers.sglang_router.RouterEndpoint`). See ``docs/sglang.md``.
+the router's registry. Generation requests are routed by `Workers.pool` (`ServerPool`): to
+the router while it is in rotation (``config.router_url``), else to the worker in rotation
+with the fewest outstanding requests. See ``docs/sglang.md``.
 
 Loading one worker (`Workers.update_one`): ``POST /pause_generation {"mode": "abort"}``
 (in-flight requests return at once with the tokens and version they have),
@@ -20,7 +20,7 @@ import httpx
 
 from samplers.sglang_config import SGLangFleetConfig
 from samplers.sglang_protocol import parse_weight_version
-from samplers.sglang_router import RouterControl, RouterEndpoint, VersionWatch
+from samplers.sglang_router import RouterControl, VersionWatch
 from samplers.sglang_routing import Server, ServerPool
 
 
@@ -32,9 +32,8 @@ class Workers:
       client: the fleet's ``httpx.Client``.
 
     Attributes:
-      pool: health state of every worker (`ServerPool`); shares its lock and counters with
-        the fleet.
-      target: where ``/generate`` requests are acquired from (``pool`` or the router).
+      pool: routing and health state of the workers and the router (`ServerPool`); shares
+        its lock and counters with the fleet.
       router: `RouterControl` when ``config.router_url`` is set, else None.
       latest: ``(path, version)`` of the newest successful push, or None.
     """
@@ -43,16 +42,15 @@ class Workers:
         self.config = config
         self._client = client
         self.pool = ServerPool(config.server_urls, config.unhealthy_after,
-                               config.reprobe_interval_s, config.request_timeout_s, self.probe)
+                               config.reprobe_interval_s, config.outage_wait_s, self.probe,
+                               router_url=config.router_url)
         self.servers = self.pool.servers
-        self.target: ServerPool | RouterEndpoint = self.pool
         self.router: RouterControl | None = None
         self.latest: tuple[str, int] | None = None
         self._router_checked = False
         if config.router_url is not None:
             self.router = RouterControl(client, config.router_url, config.control_timeout_s,
                                         config.api_key)
-            self.target = RouterEndpoint(config.router_url, self.pool)
             self._watch = VersionWatch(self.pool, self.read_version,
                                        lambda: self.latest and self.latest[1], self.take_out)
 
@@ -102,16 +100,26 @@ class Workers:
             return f"{type(e).__name__}: {e}"
 
     def probe(self, server: Server) -> bool:
-        """Re-probe of a worker out of rotation: load the latest weights if it reports an older
-        version, else ``/health_generate``; with a router, add it back. True: back in rotation."""
+        """Re-probe of a server out of rotation; True brings it back.
+
+        The router: its registry must answer, list a healthy worker, and is brought in
+        line with the workers in rotation (`RouterControl.check_members`). A worker: its
+        version is read (an authenticated call, so a worker that refuses the key stays
+        out); it loads the latest weights if it is behind, else ``/health_generate`` must
+        answer; with a router in rotation it is added back to it."""
         try:
-            latest = self.latest
-            if latest is not None and self.read_version(server) < latest[1]:
+            if server is self.pool.router:
+                with self.pool.cond:
+                    out = [s.url for s in self.servers if not s.healthy]
+                self.router.check_members(self.config.server_urls, out_of_rotation=out)
+                return self.router.serves()
+            version, latest = self.read_version(server), self.latest
+            if latest is not None and version < latest[1]:
                 if self.update_one(server, *latest) is not None:
                     return False
             else:
                 self.control(server, "GET", "/health_generate")
-            if self.router is not None:
+            if self.router is not None and self.pool.router.healthy:
                 self.router.add(server.url)
                 self.pool.count("router_additions")
             return True
@@ -126,7 +134,7 @@ class Workers:
     def take_out(self, server: Server) -> None:
         """Out of rotation until a re-probe catches it up (and out of the router, if any)."""
         self.pool.mark_unhealthy(server)
-        if self.router is not None:
+        if self.router is not None and self.pool.router.healthy:  # else: when it is back
             try:
                 self.router.remove(server.url)
                 self.pool.count("router_removals")
@@ -165,10 +173,10 @@ class Workers:
             raise RuntimeError(f"{route} failed on {len(errors)} server(s): {errors}")
 
     def abort_rid(self, server: Server, rid: str) -> None:
-        """Best-effort ``/abort_request`` of a timed-out request: on ``server``, or with a
-        router (which has no such route and does not say where the request went) on every
-        worker."""
-        for target in (self.servers if self.router is not None else [server]):
+        """Best-effort ``/abort_request`` of a timed-out request: on ``server``, or when it
+        went through the router (which has no such route and does not say where the
+        request went) on every worker."""
+        for target in (self.servers if server is self.pool.router else [server]):
             try:
                 self._client.post(target.url + "/abort_request", json={"rid": rid},
                                   timeout=self.config.connect_timeout_s)

@@ -1,4 +1,5 @@
-"""Test setup: 8 fake CPU devices (set before jax is imported) and strict rank promotion."""
+"""Test setup: 8 fake CPU devices (set before jax is imported), strict rank promotion, and
+the fixtures shared by several test modules."""
 
 import os
 
@@ -34,3 +35,64 @@ def small_model_dir(tmp_path_factory):
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         shutil.copy(tiny_dir() / name, path / name)
     return path
+
+
+@pytest.fixture
+def servers():
+    """``make(n=2, **kw) -> [FakeSGLangServer]``: fake SGLang servers on loopback
+    (`tests.sglang_fake_server`), stopped after the test."""
+    from tests.sglang_fake_server import FakeSGLangServer
+
+    made = []
+
+    def make(n=2, **kw):
+        new = [FakeSGLangServer(**kw) for _ in range(n)]
+        made.extend(new)
+        return new
+
+    yield make
+    for s in made:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def fleet_reference():
+    """Fault-free results of the first generate call of a fresh fleet (weights seed 0) on
+    the fleet tests' prompts (`tests.sglang_fake_server.PROMPTS`), 2 samples each."""
+    from samplers.sglang_fleet import SGLangFleet
+    from tests.sglang_fake_server import PROMPTS, FakeSGLangServer, fleet_config, sampling_params
+
+    server = FakeSGLangServer()
+    try:
+        with SGLangFleet(fleet_config([server])) as fleet:
+            return fleet.generate(PROMPTS, sampling_params(), num_samples=2)
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def entr_run(capsys):
+    """``entr_run(argv) -> (exit status, stderr)``: the command line as a user runs it
+    (`experiments.run.main`), with tyro's box drawing removed and whitespace collapsed."""
+    import re
+
+    from experiments import run as cli
+
+    def call(argv):
+        try:
+            code = cli.main(argv)
+        except SystemExit as e:  # tyro's own parse errors
+            code = e.code
+        err = capsys.readouterr().err
+        return code, " ".join(re.sub(r"[│╭╮╰╯─]", " ", err).split())
+
+    return call
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    """An empty ``ENTR_DATA_DIR`` (with a ``gsm8k/`` folder) whose files the test writes."""
+    root = tmp_path / "data"
+    (root / "gsm8k").mkdir(parents=True)
+    monkeypatch.setenv("ENTR_DATA_DIR", str(root))
+    return root

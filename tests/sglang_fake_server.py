@@ -37,7 +37,15 @@ log-probs fewer than tokens, ``output_ids`` complete), ``"short_no_ids"`` (the s
 ``"stall"`` (after half the budget, wait for a ``/pause_generation`` with mode ``abort``,
 which ends it as an abort; `FakeSGLangServer.stalled` is set while it waits) and
 ``"die"`` (`FakeSGLangServer.kill`: this request, those in flight and every later one are
-dropped without a reply, and the port stops listening).
+dropped without a reply, and the port stops listening), ``"400"``/``"401"`` (that status,
+with SGLang's error body) and replies that break the contract in one field:
+``"oov_id"`` (token 1 is ``VOCAB + 5000`` in ``output_ids`` and its triple),
+``"negative_id"`` (token 1 is -1), ``"positive_logprob"`` (token 1's log-prob is 0.7),
+``"huge_count"`` (``completion_tokens`` 10**12), ``"other_rid"`` (``meta_info.id`` of
+another request), ``"prompt_mismatch"`` (``prompt_tokens`` one more than the prompt),
+``"bad_entropy"`` (``output_token_entropy`` of -1 and 1e6) and ``"negative_version"``
+(``weight_version`` "-1"). While ``unavailable`` is set, every route answers 503 (an
+outage: the server is up but serves nothing, health checks included).
 With ``engine_entropy = True`` replies also carry ``meta_info["output_token_entropy"]``
 (the exact entropy per token), as a server patched to report it would.
 """
@@ -96,6 +104,7 @@ class FakeSGLangServer:
         self.model_path = "/fake/initial"
         self.paused = False
         self.dead = False
+        self.unavailable = False  # every route answers 503
         self.lock = threading.Lock()
         self.state = threading.Condition()  # guards weights, version, pause, abort epoch
         self._abort_epoch = 0
@@ -165,6 +174,8 @@ class FakeSGLangServer:
         if (self.api_key is not None and not req.path.startswith(("/health", "/metrics"))
                 and req.headers.get("Authorization") != f"Bearer {self.api_key}"):
             return self._send(req, 401, {"error": "unauthorized"})
+        if self.unavailable:
+            return self._send(req, 503, {"error": {"message": "Service Unavailable"}})
         body = json.loads(raw) if raw else {}
         route = (method, req.path)
         if route == ("POST", "/generate"):
@@ -239,8 +250,8 @@ class FakeSGLangServer:
         if fault == "drop":
             req.close_connection = True
             return
-        if fault == "503":
-            return self._send(req, 503, {"error": {"message": "Service Unavailable"}})
+        if fault in ("503", "400", "401"):
+            return self._send(req, int(fault), {"error": {"message": f"fault {fault}"}})
         if fault == "malformed_json":
             return self._send(req, 200, None, raw=b'{"text": "", "meta_info": {"finish_reason": ')
         if fault == "hang":
@@ -261,6 +272,7 @@ class FakeSGLangServer:
             del triples[-2:]
             if fault == "short_no_ids":
                 del reply["output_ids"]
+        _break_contract(reply, fault)
         if not self._send(req, 200, reply):  # killed before the reply left
             with self.lock:
                 self.replies[index] = (rid, "killed")
@@ -334,3 +346,59 @@ class FakeSGLangServer:
         if self.engine_entropy:  # what a server patched to report the entropy would send
             meta["output_token_entropy"] = entropies
         return {"text": "", "output_ids": out, "meta_info": meta}
+
+
+def _break_contract(reply: dict, fault: str | None) -> None:
+    """Make ``reply`` break the ``/generate`` contract in the field ``fault`` names (module
+    doc); other faults leave it as it is."""
+    meta, ids = reply["meta_info"], reply.get("output_ids", [])
+    if fault in ("oov_id", "negative_id") and len(ids) > 1:
+        ids[1] = VOCAB + 5000 if fault == "oov_id" else -1
+        meta["output_token_logprobs"][1][1] = ids[1]
+    elif fault == "positive_logprob" and len(ids) > 1:
+        meta["output_token_logprobs"][1][0] = 0.7
+    elif fault == "huge_count":
+        meta["completion_tokens"] = 10**12
+    elif fault == "other_rid":
+        meta["id"] = "another-request"
+    elif fault == "prompt_mismatch":
+        meta["prompt_tokens"] += 1
+    elif fault == "bad_entropy":
+        meta["output_token_entropy"] = [-1.0] + [1e6] * (len(ids) - 1)
+    elif fault == "negative_version":
+        meta["weight_version"] = "-1"
+
+
+# ---------------------------------------------------------------- shared by the fleet tests
+PROMPTS = [[1, 2], [3], [4, 5, 6]]
+K = 4  # top log-probs per token
+
+
+def sampling_params():
+    """The sampling parameters of the fleet tests' batches."""
+    from entr_jax.interfaces import SamplingParams
+
+    return SamplingParams(temperature=0.8, max_new_tokens=6, stop_token_ids=(0,), seed=5)
+
+
+def fleet_config(servers, **kw):
+    """`SGLangFleetConfig` over fake ``servers`` with test-sized timeouts (``kw`` wins)."""
+    from samplers.sglang_config import SGLangFleetConfig
+
+    base = dict(
+        server_urls=tuple(s.url for s in servers), vocab_size=VOCAB, entropy_top_k=K,
+        request_timeout_s=0.5, request_timeout_per_token_s=0.0, connect_timeout_s=0.5,
+        control_timeout_s=2.0, max_attempts=5, backoff_initial_s=0.01, backoff_max_s=0.05,
+        unhealthy_after=2, reprobe_interval_s=0.05, outage_wait_s=5.0, max_concurrency=4,
+    )
+    base.update(kw)
+    return SGLangFleetConfig(**base)
+
+
+def generate_with(fakes, **cfg):
+    """``(results, metrics)`` of one ``generate`` of `PROMPTS` x 2 samples by a fresh fleet
+    over ``fakes`` (`fleet_config` with ``cfg``)."""
+    from samplers.sglang_fleet import SGLangFleet
+
+    with SGLangFleet(fleet_config(fakes, **cfg)) as fleet:
+        return fleet.generate(PROMPTS, sampling_params(), num_samples=2), fleet.metrics()

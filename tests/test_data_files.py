@@ -94,7 +94,12 @@ def test_data_folder_first_then_package(clean_env, monkeypatch, tmp_path):
     assert len(sources.load_source("gsm8k", split="train", data_dir=arg_dir)) == 2
     assert [e["question"] for e in sources.load_source("gsm8k_arithmetic", data_dir=arg_dir)] == ["1+0", "1+1"]
     # a folder without the file: the package comes next
+    (tmp_path / "empty").mkdir()
     assert files.locate("gsm8k/train.jsonl", tmp_path / "empty").origin == "package"
+    # a folder that does not exist (a typo) is refused, not read as "no file there"
+    with pytest.raises(files.DataNotFoundError,
+                       match="missing \\(--data.dir\\) is not a directory"):
+        files.locate("gsm8k/train.jsonl", tmp_path / "missing")
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from entr_jax.tasks.calculator import make_calculator_env
 from entr_jax.tasks.env import SingleTurnEnv, ToolEnv, parse_tool_call
 from entr_jax.tasks.rewards import MathScorer, MathVerifier
 from entr_jax.tasks.rollout import RolloutConfig, run_episodes, stop_cut
+from entr_jax.types import BehaviorParams
 from entr_jax.tasks.search import BM25Index, make_corpus, make_search_env, normalize_name
 from entr_jax.types import Generation
 
@@ -225,6 +226,16 @@ def test_groups_and_single_turn_env():
     assert all(t.loss_mask.all() for t in (a, b, c, d))
     assert [t.info["example_id"] for t in (a, c)] == ["ex0", "ex1"]
     assert TOK.decode(sampler.calls[0][0][1]).startswith("Question: 1+2?")
+
+
+def test_trajectories_record_the_sampling_parameters_they_were_drawn_with(calc_factory):
+    """Every turn shares the call's temperature and filters; the trajectory records them
+    (the learner refuses to score them under others: learners.contract.check_behavior)."""
+    params = SamplingParams(max_new_tokens=64, seed=3, temperature=0.7, top_k=5, min_p=0.1)
+    trajs = run_episodes(ScriptedSampler([["<calc>48/2</calc>"] * 2, ["#### 24"] * 2]), TOK,
+                         calc_factory, [EXAMPLE], params, 2, RolloutConfig(max_turns=2))
+    assert [t.behavior for t in trajs] == [BehaviorParams(0.7, 5, 1.0, 0.1)] * 2
+    assert [t.info["turns"] for t in trajs] == [2, 2]
 
 
 def test_stop_cut_binary_search():

@@ -10,14 +10,10 @@ import pytest
 from experiments import run as cli
 
 
-def call(argv, capsys):
-    """``(exit status, stderr with tyro's box drawing removed and whitespace collapsed)``."""
-    try:
-        code = cli.main(argv)
-    except SystemExit as e:  # tyro's own parse errors
-        code = e.code
-    err = capsys.readouterr().err
-    return code, " ".join(re.sub(r"[│╭╮╰╯─]", " ", err).split())
+@pytest.fixture
+def call(entr_run):
+    """``call(argv, capsys)``: `entr_run` (conftest) with this module's signature."""
+    return lambda argv, capsys: entr_run(argv)
 
 
 # Parse-time refusals: (arguments, the message printed)
@@ -64,11 +60,40 @@ PARSE_CASES = [
       "--sampling.min_p", "0.05"],
      "sampling filters (--sampling.top_k 5, --sampling.min_p 0.05): the reference is then scored "
      "under its filtered distribution"),
+    # values that used to be refused only after SFT, evaluation and RL had started (or never)
+    (["--staleness.seed", "-3"], "staleness.seed must be in [0, 2**32) (numpy's seeds), got -3"),
+    (["--seed", "-1"], "seed must be in [0, 2**32), got -1"),
+    (["--model.init_seed", "4294967296"], "model.init_seed must be in [0, 2**32), got 4294967296"),
+    (["--staleness.max_inter_lag", "-1"], "staleness.max_inter_lag must be >= 0, got -1"),
+    (["--sampling.temperature", "1e-30"],
+     "sampling.temperature must be >= 0.01 (below it sampling is an argmax to float32 "
+     "precision and the learner's gradient, which scales as 1/T, overflows; the evaluation's "
+     "greedy pass is top-1 whatever T is), got 1e-30"),
+    (["--optim.weight_decay", "nan"], "optim.weight_decay must be a finite number, got nan"),
+    (["--optim.learning_rate", "inf"], "optim.learning_rate must be a finite number, got inf"),
+    (["--sampling.temperature", "inf"], "sampling.temperature must be a finite number, got inf"),
+    (["--sampler.logit_noise_std", "inf"],
+     "sampler.logit_noise_std must be a finite number, got inf"),
+    (["--objective.entr.tau", "nan"], "EntrConfig.tau must be a number in (0.0, inf], got nan"),
+    (["--name", ""], "name must be a non-empty run name inside runs/"),
+    (["--name", "../elsewhere"], "name must be a non-empty run name inside runs/"),
+    # options of a kind, objective or task the run does not select
+    (["--sampler.server_urls", "http://127.0.0.1:30000"],
+     "sampler.server_urls only applies to sampler.kind=sglang; this run is sampler.kind=jax. "
+     "Remove --sampler.server_urls or set --sampler.kind sglang"),
+    (["--sampler.fleet.max_attempts", "3"],
+     "sampler.fleet.max_attempts only applies to sampler.kind=sglang"),
+    (["--objective.name", "grpo", "--objective.entr.tau", "0.5"],
+     "objective.entr.tau only applies to objective.name=entr/estr; this run is "
+     "objective.name=grpo. Remove --objective.entr.tau or set --objective.name entr"),
+    (["--task.chain_terms_max", "12"],
+     "task.chain_terms_max only applies to task.name=chain_sum; this run is task.name=arithmetic"),
 ]
 
 
 @pytest.mark.parametrize("args, message", PARSE_CASES, ids=[" ".join(a) for a, _ in PARSE_CASES])
-def test_bad_fields_are_refused_at_parse_time_naming_the_field(args, message, capsys, tmp_path):
+def test_bad_fields_are_refused_at_parse_time_naming_the_field(call, args, message, capsys,
+                                                               tmp_path):
     run_dir = tmp_path / "run"
     code, err = call(["quickstart", "--run_dir", str(run_dir), *args], capsys)
     assert code == 2
@@ -77,7 +102,7 @@ def test_bad_fields_are_refused_at_parse_time_naming_the_field(args, message, ca
     assert not run_dir.exists()
 
 
-def test_objective_name_lists_the_registry_names_in_help_and_errors(capsys):
+def test_objective_name_lists_the_registry_names_in_help_and_errors(call, capsys):
     code, err = call(["quickstart", "--objective.name", "nope"], capsys)
     assert code == 2
     for name in ("cispo", "entr", "estr", "grpo", "icepop", "kpop", "sat", "vespo"):
@@ -100,18 +125,18 @@ def test_a_preset_value_the_mode_does_not_read_is_noted_not_refused(capsys):
                            "apply to other modes)")
 
 
-def test_resume_override_needs_resume(capsys):
+def test_resume_override_needs_resume(call, capsys):
     code, err = call(["quickstart", "--resume-override"], capsys)
     assert (code, err) == (2, "entr-run: error: --resume-override only makes sense with --resume")
 
 
-def test_gpu_presets_need_a_model_path(capsys):
+def test_gpu_presets_need_a_model_path(call, capsys):
     code, err = call(["math"], capsys)
     assert (code, err) == (2, "entr-run: error: preset 'math' needs model.path (--model.path "
                               "DIR, a local Hugging Face checkpoint directory)")
 
 
-def test_unknown_preset(capsys):
+def test_unknown_preset(call, capsys):
     code, err = call(["quickstrat"], capsys)
     assert code == 2
     assert err == ("entr-run: error: the first argument must be a preset (gsm8k_tools, math, "
@@ -120,7 +145,7 @@ def test_unknown_preset(capsys):
 
 # Refusals when the job is built (devices, files), still before any work.
 
-def test_mesh_larger_than_the_devices(capsys, tmp_path):
+def test_mesh_larger_than_the_devices(call, capsys, tmp_path):
     run_dir = tmp_path / "run"
     code, err = call(["quickstart", "--run_dir", str(run_dir), "--learner.mesh.data", "16"], capsys)
     assert code == 2
@@ -130,7 +155,7 @@ def test_mesh_larger_than_the_devices(capsys, tmp_path):
     assert not run_dir.exists()
 
 
-def test_sampler_replicas_beyond_the_local_devices(capsys, tmp_path):
+def test_sampler_replicas_beyond_the_local_devices(call, capsys, tmp_path):
     run_dir = tmp_path / "run"
     code, err = call(["quickstart", "--run_dir", str(run_dir), "--sampler.num_devices", "9"],
                      capsys)
@@ -141,34 +166,25 @@ def test_sampler_replicas_beyond_the_local_devices(capsys, tmp_path):
     assert not run_dir.exists()
 
 
-def test_model_config_that_is_not_json_names_the_file(capsys, tmp_path):
+def test_model_config_that_is_not_json_names_the_file(call, capsys, tmp_path):
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"],\n  oops}')
     run_dir = tmp_path / "run"
     code, err = call(["quickstart", "--run_dir", str(run_dir), "--model.path", str(model)], capsys)
     assert code == 2
-    assert err == (f"entr-run: error: {model}/config.json is not valid JSON (line 2, column 3: "
+    assert err == (f"entr-run: error: {model}/config.json: not valid JSON (line 2, column 3: "
                    "Expecting property name enclosed in double quotes)")
     assert not run_dir.exists()
 
 
-def test_model_path_without_config_json(capsys, tmp_path):
+def test_model_path_without_config_json(call, capsys, tmp_path):
     code, err = call(["quickstart", "--run_dir", str(tmp_path / "run"), "--model.path",
                       str(tmp_path)], capsys)
     assert (code, err) == (2, f"entr-run: error: model.path {str(tmp_path)!r} has no config.json")
 
 
-@pytest.fixture
-def data_dir(tmp_path, monkeypatch):
-    """An ENTR_DATA_DIR whose gsm8k/train.jsonl the test writes."""
-    root = tmp_path / "data"
-    (root / "gsm8k").mkdir(parents=True)
-    monkeypatch.setenv("ENTR_DATA_DIR", str(root))
-    return root
-
-
-def test_malformed_jsonl_line_names_file_and_line(capsys, tmp_path, data_dir):
+def test_malformed_jsonl_line_names_file_and_line(call, capsys, tmp_path, data_dir):
     train = data_dir / "gsm8k" / "train.jsonl"
     train.write_text('{"question": "q", "answer": "<<2+3=5>> #### 5"}\n{"question": "q2", "answer":\n')
     run_dir = tmp_path / "run"
@@ -180,17 +196,17 @@ def test_malformed_jsonl_line_names_file_and_line(capsys, tmp_path, data_dir):
     assert not run_dir.exists()
 
 
-def test_empty_training_file_names_the_file(capsys, tmp_path, data_dir):
+def test_empty_training_file_names_the_file(call, capsys, tmp_path, data_dir):
     train = data_dir / "gsm8k" / "train.jsonl"
     train.write_text("")
     run_dir = tmp_path / "run"
     code, err = call(["quickstart", "--run_dir", str(run_dir)], capsys)
     assert code == 2
-    assert err.startswith(f"entr-run: error: {train} holds no examples (the file is empty)")
+    assert err == f"entr-run: error: {train}: holds no examples (the file is empty)"
     assert not run_dir.exists()
 
 
-def test_too_few_training_examples_name_the_field(capsys, tmp_path, data_dir):
+def test_too_few_training_examples_name_the_field(call, capsys, tmp_path, data_dir):
     (data_dir / "gsm8k" / "train.jsonl").write_text(
         '{"question": "q", "answer": "<<2+3=5>> <<2*8=16>> #### 16"}\n')
     run_dir = tmp_path / "run"
@@ -203,7 +219,7 @@ def test_too_few_training_examples_name_the_field(capsys, tmp_path, data_dir):
     assert not run_dir.exists()
 
 
-def test_path_component_over_name_max(capsys, tmp_path):
+def test_path_component_over_name_max(call, capsys, tmp_path):
     run_dir = tmp_path / ("a" * 300) / "run"
     code, err = call(["quickstart", "--run_dir", str(run_dir)], capsys)
     assert code == 2
@@ -212,7 +228,7 @@ def test_path_component_over_name_max(capsys, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_read_only_run_dir_simulated(capsys, tmp_path, monkeypatch):
+def test_read_only_run_dir_simulated(call, capsys, tmp_path, monkeypatch):
     """A directory where files cannot be created (simulated: tests may run as root)."""
     from experiments import preflight
 
@@ -228,7 +244,7 @@ def test_read_only_run_dir_simulated(capsys, tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
-def test_read_only_run_dir(capsys, tmp_path):
+def test_read_only_run_dir(call, capsys, tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o555)
@@ -239,7 +255,7 @@ def test_read_only_run_dir(capsys, tmp_path):
     assert code == 2 and f"cannot create files in {ro} (Permission denied)" in err
 
 
-def test_full_disk_when_writing_the_run_directory(capsys, tmp_path, monkeypatch):
+def test_full_disk_when_writing_the_run_directory(call, capsys, tmp_path, monkeypatch):
     """ENOSPC while config.json is written: one line naming the file, nothing partial."""
     from experiments import rundir
 
@@ -307,7 +323,7 @@ def test_the_readme_quickstart_commands_parse(capsys):
         assert cfg.name == "quickstart", line
 
 
-def test_prompt_plus_response_budget_over_the_model_context(capsys, tmp_path):
+def test_prompt_plus_response_budget_over_the_model_context(call, capsys, tmp_path):
     """Checked against the task's prompts as soon as the task is built (before any
     evaluation or compilation): the embedded tiny model has a 512-token context."""
     run_dir = tmp_path / "run"
@@ -343,7 +359,7 @@ def test_prompt_plus_response_budget_over_the_model_context(capsys, tmp_path):
                 preflight.check_task(cfg, task, tok, model, max_prompt_len=4096)
 
 
-def test_resume_reads_the_runs_own_configuration(tmp_path, capsys):
+def test_resume_reads_the_runs_own_configuration(call, tmp_path, capsys):
     """``--resume`` with only ``--run_dir`` rebuilds the saved configuration (no need to
     retype the run's overrides); a flag given with it changes just that field; a saved
     field this version does not know is named."""
@@ -376,7 +392,7 @@ def test_resume_reads_the_runs_own_configuration(tmp_path, capsys):
             "has field(s) this version does not know: task.gone_field") in err
 
 
-def test_missing_warm_start_says_how_to_make_it(capsys, tmp_path):
+def test_missing_warm_start_says_how_to_make_it(call, capsys, tmp_path):
     missing = tmp_path / "runs" / "sft_base" / "sft_model"
     code, err = call(["quickstart", "--run_dir", str(tmp_path / "run"), "--model.path",
                       str(missing)], capsys)

@@ -9,6 +9,7 @@ keep compilations few.
 
 import dataclasses
 import functools
+import re
 import threading
 import types
 
@@ -475,6 +476,34 @@ def test_learner_config_filters_reach_the_logprob_function(sampler, models):
     assert mask.sum() == sum(len(g.response_ids) for g in gens)
     _assert_on_policy(*(arrays[k][mask] for k in ("logp_pi", "entropy_pi", "logp_mu",
                                                   "entropy_mu")))
+
+
+def test_a_learner_without_the_samplers_filters_refuses_their_trajectories(sampler, models):
+    """Trajectories drawn with top-k / min-p, given to a learner built without them (which
+    would score the unfiltered softmax: |logp_pi - logp_mu| far above rounding, silently),
+    are refused naming both settings; with the sampler's settings they score on-policy."""
+    from entr_jax.objectives import make_objective
+    from entr_jax.types import BehaviorParams, Trajectory
+    from learners.learner import Learner, LearnerConfig
+
+    kw = dict(temperature=1.0, top_k=5, top_p=1.0, min_p=0.1)
+    gens = flat(sampler.generate(PROMPTS, SamplingParams(max_new_tokens=8, seed=9, **kw),
+                                 num_samples=2))
+    trajs = [Trajectory.from_generation(g, behavior=BehaviorParams(**kw)) for g in gens]
+    unfiltered = Learner(lambda: make_model(0), LearnerConfig(min_length=L_PAD),
+                         objective=make_objective("entr"), devices=jax.devices()[:1])
+    message = ("trajectories[0] was sampled with temperature=1.0, top_k=5, top_p=1.0, "
+               "min_p=0.1, but the learner scores temperature=1.0, top_k=-1, top_p=1.0, "
+               "min_p=0.0: logp_pi would not be the distribution logp_mu describes")
+    for call in (unfiltered.token_logprobs, lambda t: unfiltered.train_on(t, [0.0] * len(t))):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            call(trajs)
+    matched = Learner(lambda: make_model(0), LearnerConfig(min_length=L_PAD, **kw),
+                      devices=jax.devices()[:1])
+    matched.load_params(nnx.state(models[0], nnx.Param))
+    arrays = matched.token_logprobs(trajs)
+    mask = arrays["loss_mask"]
+    assert np.abs(arrays["logp_pi"][mask] - arrays["logp_mu"][mask]).max() <= TOL
 
 
 def test_draw_inverts_the_cdf_at_the_keys_uniform_and_skips_probability_zero():

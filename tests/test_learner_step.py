@@ -1,6 +1,8 @@
 """The sharded learner step: parity across meshes and microbatches, no retrace, skip rule,
 SFT loss and the no-grad log-prob function, on a tiny real `Decoder`."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -199,6 +201,27 @@ def test_kl_to_the_reference_is_refused_under_sampling_filters(filters, named):
     with pytest.raises(ValueError, match=r"grpo reads logp_ref .*kl_coef.*" + named.replace(".", r"\.")):
         Learner(_module, LearnerConfig(mesh=MeshConfig(1, 1, 1), **filters), objective=kl,
                 devices=jax.devices()[:1])
+
+
+@pytest.mark.parametrize("where, bad", [("response_ids", 24), ("prompt_ids", -1)])
+def test_token_ids_outside_the_vocabulary_are_refused(where, bad):
+    """An id the embedding has no row for embeds as NaN: the step would be skipped as
+    non-finite, silently; the learner refuses it, naming the trajectory and the id."""
+    import dataclasses
+
+    from learners.learner import Learner, LearnerConfig
+
+    learner = Learner(_module, LearnerConfig(mesh=MeshConfig(1, 1, 1)),
+                      objective=make_objective("grpo"), devices=jax.devices()[:1])
+    trajs, _ = _trajectories(4)
+    ids = getattr(trajs[2], where).copy()
+    ids[-1] = bad
+    trajs[2] = dataclasses.replace(trajs[2], **{where: ids})
+    message = (f"trajectories[2].{where} holds token id {bad}, outside the model's vocabulary "
+               "[0, 24)")
+    for call in (lambda: learner.train_on(trajs, [1.0] * 4), lambda: learner.sft_on(trajs)):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            call()
 
 
 def test_sft_step_and_logprob_fn_on_sharded_mesh(data2_fsdp4):

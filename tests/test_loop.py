@@ -260,24 +260,36 @@ def test_cli_overrides_reach_the_config(tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["simulated", "async"])
-def test_main_job_drives_an_sglang_fleet(small_model_dir, tmp_path, mode):
+def test_main_job_drives_an_sglang_fleet(small_model_dir, tmp_path, mode, monkeypatch):
     """The job with ``sampler.kind=sglang`` against the fake SGLang server: weights are
-    exported and pushed with versions, and the reported versions reach the metrics."""
+    exported and pushed with versions, and the reported versions reach the metrics; the
+    fleet's counters are logged with every step; the API key is read from the variable
+    ``sampler.api_key`` names and is written nowhere in the run directory."""
     from tests.sglang_fake_server import FakeSGLangServer
 
-    server = FakeSGLangServer()
+    key = "s3cret-fleet-key"
+    monkeypatch.setenv("ENTR_TEST_SGLANG_KEY", key)
+    server = FakeSGLangServer(api_key=key)
+    server.faults.extend([None, "503"])  # the second request is retried
     try:
         st = StalenessConfig(mode=mode, inter_lag=1, intra_switches=0, ring_size=1,
                              max_staleness=1)
         cfg = small_config(small_model_dir, tmp_path / mode, rl_steps=3, staleness=st)
         cfg = dataclasses.replace(
-            cfg, sampler=dataclasses.replace(cfg.sampler, kind="sglang", server_urls=(server.url,)),
+            cfg, sampler=dataclasses.replace(cfg.sampler, kind="sglang", server_urls=(server.url,),
+                                             api_key="env:ENTR_TEST_SGLANG_KEY"),
             objective=dataclasses.replace(cfg.objective, entr=dataclasses.replace(
                 cfg.objective.entr, entropy_source="behavior_topk")))
         run(cfg)
     finally:
         server.stop()
+    assert set(server.auth_headers) <= {f"Bearer {key}", None}
+    stored = [p for p in (tmp_path / mode).rglob("*") if p.is_file()]
+    assert len(stored) > 10 and not [p for p in stored if key.encode() in p.read_bytes()]
     rows = metrics(tmp_path / mode)
+    assert rows[-1]["sglang/http_errors"] == 1 and rows[-1]["sglang/retries"] == 1
+    assert all(r["sglang/servers_unhealthy"] == 0 and r["sglang/tokens"] > 0 for r in rows)
+    assert [r["sglang/tokens"] for r in rows] == sorted(r["sglang/tokens"] for r in rows)
     assert [r["batch/id"] for r in rows] == [0, 1, 2]
     pushed = [int(body["weight_version"]) for route, body in server.calls
               if route == "/update_weights_from_disk"]

@@ -71,6 +71,15 @@ def test_config_hash_ignores_where_files_go_but_not_the_experiment():
     assert rt.config_sha256(dict(base, checkpoint=dict(base["checkpoint"], keep=9))) == h
     assert rt.config_sha256(dict(base, objective=dict(base["objective"], name="grpo"))) != h
     assert rt.config_sha256(dict(base, rl_steps=151)) != h
+    # a result-neutral section, even one added after a run (its config lacks it), is not
+    # hashed: e.g. the SGLang fleet's timeouts, or where W&B logs
+    older = dict(base, sampler={k: v for k, v in base["sampler"].items() if k != "fleet"})
+    assert rt.config_sha256(older) == h
+    # a field added after a run counts with the default the run had (with_field_defaults)
+    older = dict(base, sampler={k: v for k, v in base["sampler"].items() if k != "weight_quant"})
+    assert rt.config_sha256(older) == h
+    assert rt.config_sha256(dict(base, sampler=dict(base["sampler"], weight_quant="int8"))) != h
+    assert rt.config_sha256(dict(base, logging=dict(base["logging"], wandb=True))) == h
 
 
 def test_readme_quickstart_table_is_generated_and_current():

@@ -10,26 +10,16 @@ import shutil
 import pytest
 
 from tests.tb_events import read_events
-from flax import nnx
 
-from entr_jax.assets import tiny_dir
-from entr_jax.model import Decoder, ModelConfig, save_pretrained
 from experiments import run as cli
 from experiments.jsonl import PartialLineWarning
 from learners.checkpoint import CheckpointFallbackWarning
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """A 2-layer Qwen2 checkpoint with the embedded tokenizer (vocabulary 1024)."""
-    path = tmp_path_factory.mktemp("small_model")
-    hf = json.loads((tiny_dir() / "config.json").read_text())
-    hf.update(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-              num_attention_heads=2, num_key_value_heads=1, head_dim=16)
-    save_pretrained(Decoder(ModelConfig.from_hf_config(hf), rngs=nnx.Rngs(0)), path)
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        shutil.copy(tiny_dir() / name, path / name)
-    return path
+def model_dir(small_model_dir):
+    """A 2-layer Qwen2 checkpoint with the embedded tokenizer (conftest's)."""
+    return small_model_dir
 
 
 def args(model_dir, run_dir, *extra):
@@ -255,3 +245,13 @@ def test_a_finished_run_without_rl_steps_is_not_overwritten(tmp_path, model_dir,
     code, _, err = call(args(model_dir, run_dir, "--rl_steps", "0"), capsys)
     assert (code, err) == (2, f"entr-run: error: {run_dir} already holds a run: pass --resume "
                               "to continue it, or choose another --run_dir\n")
+
+
+def test_the_fleets_timeouts_and_key_reference_may_change_on_resume():
+    """Neither how long the fleet waits nor where its key is read from changes what a run
+    computes (same weights, same requests): a resume may change them; the sampler kind not."""
+    from experiments.resume import Change
+
+    assert Change("sampler.fleet.outage_wait_s", 900.0, 1800.0).neutral
+    assert Change("sampler.api_key", "env:A", "file:/k").neutral
+    assert not Change("sampler.kind", "jax", "sglang").neutral

@@ -285,7 +285,7 @@ def test_a_failed_sweep_cell_reports_its_last_error_line_and_log(tmp_path, monke
     class Done:
         returncode = 2
 
-    def fake_run(cmd, stdout, stderr):
+    def fake_run(cmd, stdout, stderr, env):
         stdout.write(log_text)
         return Done()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import json
 import math
 import os
 import re
@@ -15,53 +16,17 @@ from entr_jax.interfaces import Sampler, SamplingParams
 from samplers.sglang_config import SGLangFleetConfig
 from samplers.sglang_entropy import topk_entropy_bounds
 from samplers.sglang_fleet import SGLangFleet
-from samplers.sglang_launch import SGLangLaunchConfig, all_commands, router_url, server_urls
+from samplers.sglang_launch import (
+    SGLangLaunchConfig, all_commands, main, router_url, server_urls, write_key_file)
 from samplers.sglang_protocol import build_generate_payload, parse_weight_version
-from tests.sglang_fake_server import VOCAB, FakeSGLangServer, toy_logprobs
+from tests.sglang_fake_server import (
+    K, PROMPTS, VOCAB, FakeSGLangServer, fleet_config as _cfg, sampling_params, toy_logprobs)
 
-PROMPTS = [[1, 2], [3], [4, 5, 6]]
-PARAMS = SamplingParams(temperature=0.8, max_new_tokens=6, stop_token_ids=(0,), seed=5)
-K = 4
-
-
-def _cfg(servers, **kw) -> SGLangFleetConfig:
-    base = dict(
-        server_urls=tuple(s.url for s in servers), vocab_size=VOCAB, entropy_top_k=K,
-        request_timeout_s=0.5, connect_timeout_s=0.5, control_timeout_s=2.0, max_attempts=5,
-        backoff_initial_s=0.01, backoff_max_s=0.05, unhealthy_after=2, reprobe_interval_s=0.05,
-        max_concurrency=4,
-    )
-    base.update(kw)
-    return SGLangFleetConfig(**base)
-
-
-@pytest.fixture
-def servers():
-    made = []
-
-    def make(n=2, **kw):
-        new = [FakeSGLangServer(**kw) for _ in range(n)]
-        made.extend(new)
-        return new
-
-    yield make
-    for s in made:
-        s.stop()
+PARAMS = sampling_params()
 
 
 def _tokens(results):
     return [[g.response_ids.tolist() for g in row] for row in results]
-
-
-@pytest.fixture(scope="module")
-def reference():
-    """Fault-free results of the first generate call of a fresh fleet (weights seed 0)."""
-    server = FakeSGLangServer()
-    try:
-        with SGLangFleet(_cfg([server])) as fleet:
-            return fleet.generate(PROMPTS, PARAMS, num_samples=2)
-    finally:
-        server.stop()
 
 
 def _unit_of(rid: str) -> str:
@@ -177,13 +142,13 @@ def test_filters_refused(servers):
 
 
 # ---------------------------------------------------------------- sampling semantics
-def test_generations_match_toy_model(servers, reference):
+def test_generations_match_toy_model(servers, fleet_reference):
     fakes = servers(2)
     with SGLangFleet(_cfg(fakes)) as fleet:
         assert isinstance(fleet, Sampler)
         results = fleet.generate(PROMPTS, PARAMS, num_samples=2)
         assert fleet.metrics()["sglang/tokens"] == sum(len(g.response_ids) for r in results for g in r)
-    assert _tokens(results) == _tokens(reference)
+    assert _tokens(results) == _tokens(fleet_reference)
     for prompt, row in zip(PROMPTS, results):
         for g in row:
             seq = list(prompt)
@@ -258,14 +223,14 @@ def test_entropy_estimator_error_at_qwen2_vocabulary():
     ("503", "http_errors"), ("drop", "connection_errors"), ("malformed_json", "malformed_responses"),
     ("hang", "timeouts"), ("die", "connection_errors"),
 ])
-def test_faults_lose_and_duplicate_nothing(servers, reference, fault, counter):
+def test_faults_lose_and_duplicate_nothing(servers, fleet_reference, fault, counter):
     fakes = servers(2, hang_s=1.0)
     fakes[0].faults.extend([None, fault, fault])
     with SGLangFleet(_cfg(fakes)) as fleet:
         results = fleet.generate(PROMPTS, PARAMS, num_samples=2)
         m = fleet.metrics()
-    assert _tokens(results) == _tokens(reference)
-    for r, ref in zip(results, reference):
+    assert _tokens(results) == _tokens(fleet_reference)
+    for r, ref in zip(results, fleet_reference):
         for g, gr in zip(r, ref):
             np.testing.assert_array_equal(g.logp_mu, gr.logp_mu)
     _assert_exactly_once(results, fakes)
@@ -274,15 +239,15 @@ def test_faults_lose_and_duplicate_nothing(servers, reference, fault, counter):
         assert m["sglang/servers_marked_unhealthy"] >= 1
 
 
-def test_malformed_tokens_are_counted_and_masked(servers, reference):
+def test_malformed_tokens_are_counted_and_masked(servers, fleet_reference):
     fakes = servers(1)
     fakes[0].faults.extend(["null_logprob", "nan_logprob", "short_logprobs"])
     with SGLangFleet(_cfg(fakes, max_concurrency=1)) as fleet:
         results = fleet.generate(PROMPTS, PARAMS, num_samples=2)
         m = fleet.metrics()
-    assert _tokens(results) == _tokens(reference)
+    assert _tokens(results) == _tokens(fleet_reference)
     flat = [g for row in results for g in row]
-    ref = [g for row in reference for g in row]
+    ref = [g for row in fleet_reference for g in row]
     # units run in order with one worker: fault i hits unit i
     assert np.isnan(flat[0].logp_mu[1]) and np.isnan(flat[1].logp_mu[1])
     assert np.isnan(flat[2].logp_mu[-2:]).all()
@@ -296,28 +261,28 @@ def test_malformed_tokens_are_counted_and_masked(servers, reference):
         np.testing.assert_array_equal(g.logp_mu[ok], gr.logp_mu[ok])
 
 
-def test_unknown_tail_is_dropped_and_resampled(servers, reference):
+def test_unknown_tail_is_dropped_and_resampled(servers, fleet_reference):
     fakes = servers(1)
     fakes[0].faults.append("short_no_ids")
     with SGLangFleet(_cfg(fakes, max_concurrency=1)) as fleet:
         results = fleet.generate(PROMPTS, PARAMS, num_samples=2)
         m = fleet.metrics()
-    assert _tokens(results) == _tokens(reference)
+    assert _tokens(results) == _tokens(fleet_reference)
     assert all(np.isfinite(g.logp_mu).all() for row in results for g in row)
     assert m["sglang/tokens_dropped"] == 2 and m["sglang/aborts_resumed"] == 1
 
 
-def test_abort_resume_concatenates_segments_and_versions(servers, reference):
+def test_abort_resume_concatenates_segments_and_versions(servers, fleet_reference):
     fakes = servers(1)
     fakes[0].faults.append("abort")
     fakes[0].on_abort = lambda: setattr(fakes[0], "weight_version", "7")
     with SGLangFleet(_cfg(fakes, max_concurrency=1)) as fleet:
         results = fleet.generate(PROMPTS, PARAMS, num_samples=2)
         assert fleet.metrics()["sglang/aborts_resumed"] == 1
-    assert _tokens(results) == _tokens(reference)
+    assert _tokens(results) == _tokens(fleet_reference)
     first = results[0][0]
     half = PARAMS.max_new_tokens // 2
-    assert first.finish_reason == reference[0][0].finish_reason
+    assert first.finish_reason == fleet_reference[0][0].finish_reason
     assert first.token_version.tolist() == [0] * half + [7] * (len(first.response_ids) - half)
     assert {int(v) for g in results[1] for v in g.token_version} == {7}
 
@@ -444,24 +409,60 @@ def test_api_key_header_sent(servers):
 
 
 # ---------------------------------------------------------------- launch helper
-def test_launch_commands():
+def test_launch_commands(tmp_path, monkeypatch, capsys):
+    """The key is read from where api_key says, written to a private file and read from
+    there by every command: it is on no command line and in nothing printed."""
+    key = "s3cret-launch-key"
+    monkeypatch.setenv("ENTR_TEST_LAUNCH_KEY", key)
     cfg = SGLangLaunchConfig(model_path="/ckpt/m", gpu_ids=(0, 1, 2, 3), tp_size=2, base_port=31000,
-                             api_key="k", router_port=32000)
-    cmds = all_commands(cfg)
+                             api_key="env:ENTR_TEST_LAUNCH_KEY", router_port=32000,
+                             secrets_dir=str(tmp_path / "secrets"))
+    key_file = write_key_file(cfg)
+    assert key_file == str(tmp_path / "secrets" / "sglang_api_key.json")
+    assert json.loads(open(key_file).read()) == {"api_key": key}
+    assert os.stat(key_file).st_mode & 0o777 == 0o600
+    cmds = all_commands(cfg, key_file)
     assert [c.env for c in cmds] == [{"CUDA_VISIBLE_DEVICES": "0,1"}, {"CUDA_VISIBLE_DEVICES": "2,3"}, {}]
     assert list(cmds[1].argv) == [
         "python", "-m", "sglang.launch_server", "--model-path", "/ckpt/m", "--host", "127.0.0.1",
-        "--port", "31001", "--tp-size", "2", "--api-key", "k"]
+        "--port", "31001", "--tp-size", "2", "--config", key_file]
     assert list(cmds[2].argv) == [
-        "python", "-m", "sglang_router.launch_router", "--worker-urls", "http://127.0.0.1:31000",
-        "http://127.0.0.1:31001", "--host", "127.0.0.1", "--port", "32000",
-        "--prometheus-host", "127.0.0.1", "--prometheus-port", "32001", "--api-key", "k"]
+        "python", "-m", "samplers.sglang_launch", "router", "--key-file", key_file,
+        "--worker-urls", "http://127.0.0.1:31000", "http://127.0.0.1:31001", "--host",
+        "127.0.0.1", "--port", "32000", "--prometheus-host", "127.0.0.1", "--prometheus-port",
+        "32001"]
     assert router_url(cfg) == "http://127.0.0.1:32000"
+    assert main(["--model-path", "/ckpt/m", "--gpu-ids", "0", "--api-key",
+                 "env:ENTR_TEST_LAUNCH_KEY", "--router-port", "32000", "--secrets-dir",
+                 str(tmp_path / "printed")]) == 0
+    printed = capsys.readouterr().out
+    assert "--config" in printed and "router --key-file" in printed
+    assert key not in printed and not [c for c in cmds if key in c.shell() + str(c.env)]
+    no_key = all_commands(SGLangLaunchConfig(model_path="/m", router_port=32000))
+    assert "--config" not in no_key[0].argv and no_key[1].argv[:3] == (
+        "python", "-m", "sglang_router.launch_router")
     with pytest.raises(ValueError, match="router_metrics_port"):  # a server's port
         SGLangLaunchConfig(model_path="/m", base_port=31000, gpu_ids=(0, 1), router_port=30999)
     assert cmds[0].shell().startswith("CUDA_VISIBLE_DEVICES=0,1 python -m sglang.launch_server")
     assert server_urls(cfg) == ("http://127.0.0.1:31000", "http://127.0.0.1:31001")
     with pytest.raises(ValueError, match="api_key"):
         SGLangLaunchConfig(model_path="/m", host="0.0.0.0")
+    with pytest.raises(ValueError, match="api_key must say where the API key is read from") as e:
+        SGLangLaunchConfig(model_path="/m", api_key=key)  # a literal key: refused, not echoed
+    assert key not in str(e.value)
     with pytest.raises(ValueError, match="tp_size"):
         SGLangLaunchConfig(model_path="/m", gpu_ids=(0, 1, 2), tp_size=2)
+
+
+def test_the_router_entry_sets_the_key_from_its_file(tmp_path, monkeypatch):
+    import sglang_router.launch_router as lr
+
+    started = []
+    monkeypatch.setattr(lr, "launch_router", started.append)
+    key_file = tmp_path / "k.json"
+    key_file.write_text(json.dumps({"api_key": "s3cret"}))
+    assert main(["router", "--key-file", str(key_file), "--worker-urls", "http://127.0.0.1:1",
+                 "--port", "29000"]) == 0
+    (args,) = started
+    assert args.api_key == "s3cret" and args.worker_urls == ["http://127.0.0.1:1"]
+    assert args.port == 29000

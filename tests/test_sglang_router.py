@@ -55,8 +55,8 @@ def _free_port() -> int:
 class Router:
     """One ``sglang_router.launch_router`` process on loopback (round robin, fast health checks)."""
 
-    def __init__(self, worker_urls, log_path, api_key=None):
-        self.url = f"http://127.0.0.1:{_free_port()}"
+    def __init__(self, worker_urls, log_path, api_key=None, port=None):
+        self.url = f"http://127.0.0.1:{port or _free_port()}"
         argv = [sys.executable, "-c", LAUNCH, "--worker-urls", *worker_urls,
                 "--host", "127.0.0.1", "--port", self.url.rsplit(":", 1)[1],
                 "--policy", "round_robin", "--log-level", "info",
@@ -129,9 +129,10 @@ def fleet_behind_router(tmp_path):
 def _cfg(fakes, router, **kw) -> SGLangFleetConfig:
     base = dict(
         server_urls=tuple(f.url for f in fakes), router_url=router.url, vocab_size=VOCAB,
-        entropy_top_k=K, request_timeout_s=5.0, connect_timeout_s=1.0, control_timeout_s=10.0,
+        entropy_top_k=K, request_timeout_s=5.0, request_timeout_per_token_s=0.0,
+        connect_timeout_s=1.0, control_timeout_s=10.0,
         max_attempts=5, backoff_initial_s=0.01, backoff_max_s=0.05, unhealthy_after=2,
-        reprobe_interval_s=0.05, max_concurrency=4,
+        reprobe_interval_s=0.05, outage_wait_s=5.0, max_concurrency=4,
     )
     base.update(kw)
     return SGLangFleetConfig(**base)
@@ -276,3 +277,38 @@ def test_router_stale_worker_is_taken_out_and_caught_up(fleet_behind_router, tmp
     assert fakes[1].generate_bodies, router.explain()  # back in rotation
     assert m["sglang/router_removals"] == 1 and m["sglang/router_additions"] == 1
 
+
+
+def test_router_death_is_survived_through_the_workers(fleet_behind_router, tmp_path):
+    """The router dies between batches: the next batch goes to the workers directly (every
+    sample complete, every token's version exact); once a router answers again on its URL
+    the client takes it back and the requests go through it."""
+    fakes, router = fleet_behind_router(2)
+    prompts = [[1, 2], [3], [4, 5, 6]]
+    with SGLangFleet(_cfg(fakes, router, reprobe_interval_s=0.2)) as fleet:
+        fleet.generate(prompts, PARAMS, num_samples=2)
+        assert fleet.metrics()["sglang/router_bypassed"] == 0
+        router.stop()  # killed
+        during = fleet.generate(prompts, PARAMS, num_samples=2)
+        m = fleet.metrics()
+        assert [len(row) for row in during] == [2] * 3
+        _assert_versions_exact(prompts, during, {0: 0}, PARAMS.temperature)
+        assert all(g.finish_reason in ("stop", "length") for row in during for g in row)
+        assert m["sglang/router_marked_unhealthy"] == 1 and m["sglang/router_unhealthy"] == 1
+        assert m["sglang/router_bypassed"] >= 6 and m["sglang/servers_unhealthy"] == 0
+        reborn = Router([f.url for f in fakes], tmp_path / "reborn.log",
+                        port=int(router.url.rsplit(":", 1)[1]))
+        try:
+            reborn.wait_for(lambda w: len(w) == 2 and all(w.values()), "2 healthy workers")
+            deadline = time.monotonic() + 30
+            while not fleet.metrics()["sglang/router_recovered"] and time.monotonic() < deadline:
+                fleet.generate([[1]], SamplingParams(max_new_tokens=1))
+                time.sleep(0.05)
+            bypassed = fleet.metrics()["sglang/router_bypassed"]
+            after = fleet.generate(prompts, PARAMS, num_samples=2)
+            m = fleet.metrics()
+        finally:
+            reborn.stop()
+    _assert_versions_exact(prompts, after, {0: 0}, PARAMS.temperature)
+    assert m["sglang/router_recovered"] == 1 and m["sglang/router_unhealthy"] == 0
+    assert m["sglang/router_bypassed"] == bypassed  # back through the router

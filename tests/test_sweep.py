@@ -276,3 +276,27 @@ def test_a_bad_set_on_a_comparison_spec_is_one_error_line(capsys):
                                               "the wrong type")
     assert sweep.main(["run", spec, "--out", "/tmp/unused", "--reuse", "/no/such/dir"]) == 2
     assert "--reuse /no/such/dir: not a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--bogus", "1"], "Unrecognized options: --bogus, 1"),
+    (["--staleness.mode", "async", "--staleness.max_staleness", "x"],
+     "Value error: Error parsing --staleness.max_staleness: invalid literal for int() with base "
+     "10: 'x'"),
+    (["--sampling.top_p", "2"],
+     "Value error: Error parsing sampling: sampling.top_p must be in (0, 1], got 2.0"),
+    (["--run_dir", "/dev/null/x"],
+     "entr-run: error: run_dir /dev/null/x: /dev/null exists and is not a directory"),
+])
+def test_a_failed_runs_error_line_is_its_message_not_a_box_border(args, line, tmp_path):
+    """tyro prints parse errors in a box; the line reported for a failed run is the box's
+    message (its title and first paragraph), not its bottom border."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "sweep.log"
+    log.write_text("SFT warm start:  10%|#  | 1/10 [00:01<00:09, 1.00it/s]\n")
+    with open(log, "a") as f:  # as `run` starts a run: output to the log, the sweep's env
+        subprocess.run([sys.executable, "-m", "experiments.run", "quickstart", *args],
+                       stdout=f, stderr=subprocess.STDOUT, env=sweep.child_env(), timeout=300)
+    assert sweep.last_error_line(log) == line

@@ -18,9 +18,11 @@ in this order and returns the first hit:
    cached). Skipped when
    ``$ENTR_DATA_OFFLINE`` or ``$HF_HUB_OFFLINE`` is set to 1/true/yes/on.
 
-When all four fail, `DataNotFoundError` (a ``FileNotFoundError``) says what was tried,
-names ``--data.dir`` / ``ENTR_DATA_DIR``, the cache path, and the ``entr-data fetch``
-command that fills the cache (or a folder, with ``--dir``) on a machine with internet.
+When all four fail, `DataNotFoundError` (a ``FileNotFoundError``) names, in its first
+line, the ``entr-data fetch`` command that fills the cache (or a folder, with ``--dir``) on
+a machine with internet, ``--data.dir`` / ``ENTR_DATA_DIR`` and the cache path, then says
+what was tried. A data folder that is set but is not a directory is refused (a mistyped
+path must not quietly switch to other data).
 """
 
 from __future__ import annotations
@@ -119,17 +121,22 @@ def locate(key: str, data_dir: str | os.PathLike | None = None, download: bool =
       `Found`; read it with `entr_jax.data.sources.read_jsonl` (handles ``.gz``).
 
     Raises:
-      DataNotFoundError: not found and not downloaded; the message lists every place
-        tried, names ``--data.dir`` / ``ENTR_DATA_DIR``, the cache path and the fetch
-        command.
+      DataNotFoundError: the data folder is set but not a directory; or the file is not
+        found and not downloaded: the message's first line names the fetch command,
+        ``--data.dir`` / ``ENTR_DATA_DIR`` and the cache path, then lists every place tried.
     """
     tried: list[str] = []
     folder = data_folder(data_dir)
     if folder is not None:
+        how = "--data.dir" if data_dir else ENV_DATA_DIR
+        if not folder.is_dir():  # a typo must not quietly switch to other data
+            raise DataNotFoundError(
+                f"the data folder {folder} ({how}) is not a directory: fix the path, or "
+                f"{'leave out --data.dir' if data_dir else f'unset {ENV_DATA_DIR}'} to read "
+                "the packaged and cached files")
         path = folder / key
         if path.is_file():
             return Found(path, "dir")
-        how = "--data.dir" if data_dir else ENV_DATA_DIR
         tried.append(f"data folder ({how}): {path} does not exist")
     else:
         tried.append(f"data folder: not set (--data.dir DIR or {ENV_DATA_DIR}=DIR)")
@@ -163,7 +170,10 @@ def locate(key: str, data_dir: str | os.PathLike | None = None, download: bool =
 
 
 def _not_found_message(entry: DataFile, tried: list[str]) -> str:
-    lines = [f"data file {entry.key!r} ({entry.rows} rows, sha256 {entry.sha256}) was not found."]
+    lines = [f"data file {entry.key!r} ({entry.rows} rows, sha256 {entry.sha256}) was not "
+             f"found: run `{fetch_command(entry)}` on a machine with internet (it fills the "
+             f"user cache {cache_dir()}), or pass --data.dir DIR / set {ENV_DATA_DIR}=DIR to a "
+             f"folder holding {entry.key}."]
     lines += [f"  tried {t}" for t in tried]
     lines += [
         "  fix, one of:",

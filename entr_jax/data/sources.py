@@ -25,6 +25,7 @@ import re
 from typing import Any, Callable
 
 from entr_jax.data.files import locate
+from entr_jax.file_errors import BadFileError
 from entr_jax.tasks.arith import ArithLimits, ArithmeticError_, format_number, safe_eval
 
 Example = dict[str, Any]
@@ -32,30 +33,81 @@ DataDir = str | os.PathLike | None
 """A data folder (``--data.dir``); None or empty: ``$ENTR_DATA_DIR``, then the other places."""
 
 
-def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    """Reads a JSON-lines file, gzip-compressed when its name ends in ``.gz`` (blank lines
-    skipped).
+def read_jsonl_lines(path: str | os.PathLike) -> list[tuple[int, Any]]:
+    """``(line number, record)`` of every non-blank line of a JSON-lines file,
+    gzip-compressed when its name ends in ``.gz``.
 
     Raises:
       FileNotFoundError: the file is missing (named).
-      ValueError: ``<path>:<line>: invalid JSON (...)``, or ``<path> holds no examples``
-        for a file without a single record (every source file is a non-empty benchmark).
+      entr_jax.file_errors.BadFileError: ``<path>:<line>: invalid JSON (...)``, a line
+        that is not UTF-8 text (a binary file), a ``.gz`` file that is not gzip, or
+        ``<path>: holds no examples`` for a file without a single record (every source
+        file is a non-empty benchmark).
     """
     path = pathlib.Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data file not found: {path}")
     rows = []
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if line.strip():
+    try:
+        with opener(path, "rb") as f:
+            for line_no, raw in enumerate(f, 1):
                 try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{line_no}: invalid JSON ({e})") from None
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise BadFileError(path, f"not UTF-8 text ({e.reason} at byte {e.start} "
+                                             "of the line: a binary file?); data files are "
+                                             "JSON lines", line_no) from None
+                if line.strip():
+                    try:
+                        rows.append((line_no, json.loads(line)))
+                    except json.JSONDecodeError as e:
+                        raise BadFileError(path, f"invalid JSON ({e})", line_no) from None
+    except (gzip.BadGzipFile, EOFError) as e:
+        raise BadFileError(path, f"not a complete gzip file ({e})") from None
     if not rows:
-        raise ValueError(f"{path} holds no examples (the file is empty)")
+        raise BadFileError(path, "holds no examples (the file is empty)")
     return rows
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """The records of a JSON-lines file (`read_jsonl_lines`, without line numbers)."""
+    return [row for _, row in read_jsonl_lines(path)]
+
+
+def check_rows(path: str | os.PathLike, rows: list[tuple[int, Any]],
+               fields: dict[str, tuple[type, ...]],
+               check: Callable[[dict], None] | None = None) -> list[dict]:
+    """The records of ``rows`` (`read_jsonl_lines`), each checked to be an object with
+    every field of ``fields`` (name -> accepted types; a bool is not an int) and then by
+    ``check`` (which raises ValueError).
+
+    Raises:
+      entr_jax.file_errors.BadFileError: ``<path>:<line>: ...`` naming the field, what it
+        must be and what the row holds.
+    """
+    need = ", ".join(f"{k}: {'/'.join(t.__name__ for t in types)}" for k, types in fields.items())
+    out = []
+    for line, row in rows:
+        if not isinstance(row, dict):
+            raise BadFileError(path, f"a row must be a JSON object ({need}), got "
+                                     f"{type(row).__name__}", line)
+        for name, types in fields.items():
+            if name not in row:
+                raise BadFileError(path, f"field {name!r} is missing (each row needs {need})",
+                                   line)
+            value = row[name]
+            if isinstance(value, bool) or not isinstance(value, types):
+                raise BadFileError(path, f"field {name!r} must be "
+                                         f"{'/'.join(t.__name__ for t in types)}, got "
+                                         f"{type(value).__name__} {str(value)[:60]!r}", line)
+        if check is not None:
+            try:
+                check(row)
+            except ValueError as e:
+                raise BadFileError(path, str(e), line) from None
+        out.append(row)
+    return out
 
 
 def gsm8k_final_answer(solution: str) -> str:
@@ -65,14 +117,27 @@ def gsm8k_final_answer(solution: str) -> str:
     return solution.rsplit("####", 1)[1].strip().replace(",", "")
 
 
-def read_data(key: str, data_dir: DataDir = None) -> list[dict]:
-    """The rows of data file ``key`` (``"gsm8k/test.jsonl"``), found by `locate`.
+def read_data(key: str, data_dir: DataDir = None,
+              fields: dict[str, tuple[type, ...]] | None = None,
+              check: Callable[[dict], None] | None = None) -> list[dict]:
+    """The rows of data file ``key`` (``"gsm8k/test.jsonl"``), found by `locate`, each
+    checked to hold ``fields`` and to pass ``check`` (`check_rows`) when given.
 
     Raises:
       entr_jax.data.files.DataNotFoundError: (a FileNotFoundError) found nowhere; the
         message names ``--data.dir`` / ``ENTR_DATA_DIR``, the cache and the fetch command.
+      entr_jax.file_errors.BadFileError: the file or one of its rows cannot be used
+        (naming the file, the line and what is wrong).
     """
-    return read_jsonl(locate(key, data_dir).path)
+    path = locate(key, data_dir).path
+    return check_rows(path, read_jsonl_lines(path), fields or {}, check)
+
+
+_STR, _ID, _ANSWER = (str,), (int, str), (str, int, float)
+GSM8K_FIELDS = {"question": _STR, "answer": _STR}
+MATH500_FIELDS = {"unique_id": _STR, "problem": _STR, "answer": _STR, "solution": _STR,
+                  "subject": _STR, "level": _ID}
+COMPETITION_FIELDS = {"id": _ID, "problem": _STR, "answer": _ANSWER}
 
 
 def load_gsm8k(split: str = "train", data_dir: DataDir = None) -> list[Example]:
@@ -80,7 +145,8 @@ def load_gsm8k(split: str = "train", data_dir: DataDir = None) -> list[Example]:
     ``solution`` (worked solution)."""
     if split not in ("train", "test"):
         raise ValueError(f"load_gsm8k: split must be 'train' or 'test', got {split!r}")
-    rows = read_data(f"gsm8k/{split}.jsonl", data_dir)
+    rows = read_data(f"gsm8k/{split}.jsonl", data_dir, GSM8K_FIELDS,
+                     lambda r: gsm8k_final_answer(r["answer"]))
     return [
         {
             "id": f"gsm8k/{split}/{i}",
@@ -95,7 +161,7 @@ def load_gsm8k(split: str = "train", data_dir: DataDir = None) -> list[Example]:
 
 def load_math500(data_dir: DataDir = None) -> list[Example]:
     """MATH-500 (500): ``answer`` is LaTeX; extras ``solution``, ``subject``, ``level``."""
-    rows = read_data("math500/test.jsonl", data_dir)
+    rows = read_data("math500/test.jsonl", data_dir, MATH500_FIELDS)
     return [
         {
             "id": r["unique_id"],
@@ -118,7 +184,7 @@ def _number_to_str(value: Any) -> str:
 
 def load_aime24(data_dir: DataDir = None) -> list[Example]:
     """AIME 2024 (30); answers are 3-digit strings as published (``"025"``)."""
-    rows = read_data("aime24/test.jsonl", data_dir)
+    rows = read_data("aime24/test.jsonl", data_dir, COMPETITION_FIELDS)
     return [
         {
             "id": f"aime24/{r['id']}",
@@ -133,7 +199,7 @@ def load_aime24(data_dir: DataDir = None) -> list[Example]:
 
 def load_amc23(data_dir: DataDir = None) -> list[Example]:
     """AMC 2023 (40); the file's float answers are written as integers when integral."""
-    rows = read_data("amc23/test.jsonl", data_dir)
+    rows = read_data("amc23/test.jsonl", data_dir, COMPETITION_FIELDS)
     return [
         {
             "id": f"amc23/{r['id']}",
@@ -186,7 +252,7 @@ def gsm8k_arithmetic(
     limits = ArithLimits(max_chars=max_chars)
     seen: set[str] = set()
     out: list[Example] = []
-    for row in read_data("gsm8k/train.jsonl", data_dir):
+    for row in read_data("gsm8k/train.jsonl", data_dir, GSM8K_FIELDS):
         for expr_raw, result_raw in CALC_ANNOTATION_RE.findall(row["answer"]):
             expr = expr_raw.replace(" ", "")
             if expr in seen or not _SIMPLE_EXPR_RE.match(expr) or len(expr) > max_chars:

@@ -23,6 +23,7 @@ from flax import nnx
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from entr_jax.file_errors import BadFileError, read_json_object
 from entr_jax.model.config import ModelConfig
 from entr_jax.model.decoder import Decoder
 
@@ -119,65 +120,140 @@ def to_hf_state_dict(params: Decoder | nnx.State | Mapping) -> dict[str, np.ndar
     return out
 
 
-def _gather(tensors: Mapping[str, np.ndarray], entries, want: tuple[int, ...]) -> np.ndarray:
-    """The HF tensors of ``entries`` (`hf_entries`), transposed back to our layout and
-    stacked when they are a stacked parameter's layers; KeyError / ValueError name a
-    missing tensor or one of the wrong shape."""
+def _fault(where: str | None, problem: str) -> ValueError:
+    """A `BadFileError` for file ``where``, or a plain ValueError for in-memory tensors."""
+    return BadFileError(where, problem) if where else ValueError(problem)
+
+
+def _check_tensor(name: str, shape: tuple, dtype: str, want: tuple, where: str | None) -> None:
+    """Refuse a tensor of another shape than the model's, or of a non-float dtype."""
+    if tuple(shape) != tuple(want):
+        raise _fault(where, f"tensor {name!r} has shape {tuple(shape)}, expected {tuple(want)} "
+                            "by config.json (weights of another model?)")
+    if not dtype.startswith(("F", "BF", "float", "bfloat")):
+        raise _fault(where, f"tensor {name!r} has dtype {dtype}; weights must be floating point "
+                            "(float32, bfloat16 or float16), they are never cast from integers")
+
+
+def _missing(name: str, config: ModelConfig, where: str | None) -> ValueError:
+    return _fault(where, f"tensor {name!r} is missing (config.json describes a "
+                         f"{config.architecture} model: weights of another architecture?)")
+
+
+def _hf_shape(want: tuple[int, ...], transpose: bool, layer: int | None) -> tuple[int, ...]:
+    """The HF shape of one entry (`hf_entries`) of a parameter of shape ``want``."""
+    one = tuple(want[1:]) if layer is not None else tuple(want)
+    return one[::-1] if transpose else one
+
+
+def _gather(tensors: Mapping[str, np.ndarray], entries, want: tuple[int, ...],
+            config: ModelConfig) -> np.ndarray:
+    """The HF tensors of ``entries`` (`hf_entries`), checked (present, the right shape, a
+    float dtype, finite values: `load_hf_state_dict`), transposed back to our layout and
+    stacked when they are a stacked parameter's layers."""
+    where = getattr(tensors, "file_of", lambda name: None)
     arrays = []
-    per_layer = want[1:] if entries[0][2] is not None else want
-    for name, transpose, _ in entries:
+    for name, transpose, layer in entries:
         if name not in tensors:
-            raise KeyError(f"tensor {name!r} is missing from the checkpoint")
+            raise _missing(name, config, where(None))
         arr = np.asarray(tensors[name])
-        if transpose:
-            arr = arr.T
-        if tuple(arr.shape) != tuple(per_layer):
-            expected = per_layer[::-1] if transpose else per_layer
-            raise ValueError(f"tensor {name!r} has shape {tuple(np.shape(tensors[name]))}, "
-                             f"expected {tuple(expected)}")
-        arrays.append(arr)
+        is_float = arr.dtype.kind == "f" or arr.dtype.name.startswith(("bfloat", "float"))
+        _check_tensor(name, arr.shape, "float" if is_float else arr.dtype.name,
+                      _hf_shape(want, transpose, layer), where(name))
+        if not np.isfinite(arr).all():
+            bad = int(arr.size - np.isfinite(arr).sum())
+            raise _fault(where(name), f"tensor {name!r} has {bad} NaN/inf values of {arr.size}")
+        arrays.append(arr.T if transpose else arr)
     return arrays[0] if entries[0][2] is None else np.stack(arrays)
+
+
+def _unexpected(model: Decoder, names, used: set[str]) -> list[str]:
+    return sorted(
+        n for n in names
+        if n not in used and not n.endswith(_IGNORED_SUFFIXES)
+        and not (n == "lm_head.weight" and model.config.tie_word_embeddings))
 
 
 def load_hf_state_dict(model: Decoder, tensors: Mapping[str, np.ndarray], *,
                        strict: bool = True) -> None:
     """Copies HF-named tensors into ``model``'s parameters in place (weight sync / import).
 
-    Each value is cast to the parameter's dtype and placed with the parameter's current
-    sharding when it has one; the layers' tensors are stacked into the block parameters.
-    ``lm_head.weight`` is ignored for tied-embedding models.
+    Each value is cast to the parameter's dtype (from another float dtype only) and placed
+    with the parameter's current sharding when it has one; the layers' tensors are stacked
+    into the block parameters. ``lm_head.weight`` is ignored for tied-embedding models.
 
     Raises:
-      KeyError: a tensor the model needs is missing (message names it).
-      ValueError: a tensor has the wrong shape (names it and both shapes), or, with
-        ``strict``, ``tensors`` holds a name the model does not use.
+      ValueError: a tensor the model needs is missing, has the wrong shape, a non-float
+        dtype or a NaN/inf value, or, with ``strict``, ``tensors`` holds a name the model
+        does not use; each names the tensor and, for tensors read from files
+        (`read_hf_tensors`), is a `entr_jax.file_errors.BadFileError` naming the file.
     """
     used = set()
     for path, var in list(nnx.to_flat_state(nnx.state(model, nnx.Param))):
         current = var.get_value()
         entries = hf_entries(path, model.config.num_layers)
-        value = jnp.asarray(_gather(tensors, entries, tuple(current.shape)), dtype=current.dtype)
+        value = jnp.asarray(_gather(tensors, entries, tuple(current.shape), model.config),
+                            dtype=current.dtype)
         sharding = getattr(current, "sharding", None)
         if isinstance(sharding, jax.sharding.Sharding):
             value = jax.device_put(value, sharding)
         var.set_value(value)
         used.update(name for name, _, _ in entries)
     if strict:
-        extra = [
-            n for n in tensors
-            if n not in used and not n.endswith(_IGNORED_SUFFIXES)
-            and not (n == "lm_head.weight" and model.config.tie_word_embeddings)
-        ]
+        extra = _unexpected(model, tensors, used)
         if extra:
-            raise ValueError(f"unexpected tensors in checkpoint: {sorted(extra)[:8]}")
+            where = getattr(tensors, "file_of", lambda name: None)
+            raise _fault(where(None), f"unexpected tensors in the checkpoint: {extra[:8]} "
+                                      "(weights of another architecture than config.json's?)")
+
+
+def check_hf_tensors(path: str, config: ModelConfig) -> None:
+    """Check the safetensors of directory ``path`` against ``config`` from their headers
+    only (no weight is read): every tensor the model needs is there, with its shape and a
+    float dtype, and none is left over.
+
+    Raises:
+      FileNotFoundError: no safetensors files (`read_hf_tensors`).
+      entr_jax.file_errors.BadFileError: naming the file and the tensor.
+    """
+    tensors = read_hf_tensors(path)
+    model = nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0)))
+    used = set()
+    for param_path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        shape = tuple(var.get_value().shape)
+        for name, transpose, layer in hf_entries(param_path, config.num_layers):
+            if name not in tensors:
+                raise _missing(name, config, tensors.file_of(None))
+            header_shape, dtype = tensors.header(name)
+            _check_tensor(name, header_shape, dtype, _hf_shape(shape, transpose, layer),
+                          tensors.file_of(name))
+            used.add(name)
+    extra = _unexpected(model, tensors, used)
+    if extra:
+        raise BadFileError(tensors.file_of(None), f"unexpected tensors in the checkpoint: "
+                           f"{extra[:8]} (weights of another architecture than config.json's?)")
 
 
 class _LazySafetensors(Mapping):
     """Read-only ``{name: np.ndarray}`` over one or more safetensors files, loaded on access."""
 
-    def __init__(self, files_by_name: dict[str, str]):
+    def __init__(self, files_by_name: dict[str, str], source: str):
         self._files_by_name = files_by_name
+        self._source = source
         self._handles: dict[str, Any] = {}
+
+    def file_of(self, name: str | None) -> str:
+        """The file holding tensor ``name`` (None: the checkpoint's index or single file)."""
+        return self._files_by_name.get(name, self._source) if name else self._source
+
+    def header(self, name: str) -> tuple[tuple[int, ...], str]:
+        """``(shape, safetensors dtype such as "BF16")`` of tensor ``name``, header only."""
+        file = self._files_by_name[name]
+        try:
+            piece = self._handle(file).get_slice(name)
+            return tuple(piece.get_shape()), str(piece.get_dtype())
+        except SafetensorError as e:
+            raise BadFileError(file, f"cannot read tensor {name!r}: {e}") from None
 
     def _handle(self, file):
         if file not in self._handles:
@@ -189,7 +265,7 @@ class _LazySafetensors(Mapping):
         try:
             return self._handle(file).get_tensor(name)
         except SafetensorError as e:
-            raise ValueError(f"{file}: cannot read tensor {name!r}: {e}") from None
+            raise BadFileError(file, f"cannot read tensor {name!r}: {e}") from None
 
     def __iter__(self):
         return iter(self._files_by_name)
@@ -202,19 +278,9 @@ def _open(file: str):
     try:
         return safe_open(file, framework="numpy")
     except SafetensorError as e:
-        raise ValueError(f"{file}: corrupt safetensors header: {e}") from None
+        raise BadFileError(file, f"corrupt safetensors header: {e}") from None
     except FileNotFoundError:
         raise FileNotFoundError(f"safetensors file {file!r} listed in the checkpoint is missing") from None
-
-
-def _read_json(file: str, what: str) -> Any:
-    if not os.path.exists(file):
-        raise FileNotFoundError(f"{what} not found: {file}")
-    with open(file) as f:
-        try:
-            return json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{file}: invalid JSON: {e}") from None
 
 
 def read_hf_tensors(path: str) -> Mapping[str, np.ndarray]:
@@ -223,16 +289,35 @@ def read_hf_tensors(path: str) -> Mapping[str, np.ndarray]:
     index = os.path.join(path, "model.safetensors.index.json")
     single = os.path.join(path, "model.safetensors")
     if os.path.exists(index):
-        weight_map = _read_json(index, "safetensors index").get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise ValueError(f"{index}: field 'weight_map' is missing or not an object")
-        return _LazySafetensors({k: os.path.join(path, v) for k, v in weight_map.items()})
+        weight_map = read_json_object(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(
+                isinstance(v, str) for v in weight_map.values()):
+            raise BadFileError(index, "field 'weight_map' is missing or not an object of "
+                                      "file names")
+        return _LazySafetensors({k: os.path.join(path, v) for k, v in weight_map.items()}, index)
     if os.path.exists(single):
-        return _LazySafetensors({k: single for k in _open(single).keys()})
+        return _LazySafetensors({k: single for k in _open(single).keys()}, single)
     raise FileNotFoundError(
         f"no model.safetensors or model.safetensors.index.json in {path} "
         "(pickle checkpoints such as pytorch_model.bin are not loaded)"
     )
+
+
+def read_config(path: str | os.PathLike) -> ModelConfig:
+    """`ModelConfig` of ``<path>/config.json``.
+
+    Raises:
+      FileNotFoundError: the file does not exist.
+      entr_jax.file_errors.BadFileError: it is not JSON or not a supported model (naming
+        the file and the field).
+    """
+    config_file = os.path.join(path, "config.json")
+    try:
+        return ModelConfig.from_hf_config(read_json_object(config_file))
+    except BadFileError:
+        raise
+    except ValueError as e:
+        raise BadFileError(config_file, str(e)) from None
 
 
 def from_pretrained(path: str, *, dtype=jnp.float32, param_dtype=jnp.float32,
@@ -244,10 +329,11 @@ def from_pretrained(path: str, *, dtype=jnp.float32, param_dtype=jnp.float32,
 
     Raises:
       FileNotFoundError: no config.json / safetensors files.
-      ValueError: unsupported ``architectures`` (or other config field), corrupt safetensors
-        header, wrong tensor shape; KeyError: missing tensor (all name the field / tensor).
+      entr_jax.file_errors.BadFileError: (a ValueError) naming the file: config.json not
+        JSON or of an unsupported model, a corrupt safetensors header, a tensor missing,
+        left over, of another shape, of a non-float dtype or with NaN/inf values.
     """
-    config = ModelConfig.from_hf_config(_read_json(os.path.join(path, "config.json"), "config.json"))
+    config = read_config(path)
     model = nnx.eval_shape(
         lambda: Decoder(config, rngs=nnx.Rngs(0), dtype=dtype, param_dtype=param_dtype,
                         **decoder_kwargs)

@@ -30,7 +30,7 @@ import numpy as np
 from entr_jax.data.templates import encode_prompt
 from entr_jax.interfaces import Sampler, SamplingParams
 from entr_jax.tasks.env import Environment
-from entr_jax.types import Generation, Trajectory
+from entr_jax.types import BehaviorParams, Generation, Trajectory
 
 _TURN_SEED_STRIDE = 1_000_003
 
@@ -125,7 +125,8 @@ def run_episodes(
 
     Returns:
       Trajectories in example-major order (example 0's G samples first), each with
-      ``reward``, ``group_id``, ``finish_reason`` of the last generation and ``info``:
+      ``reward``, ``group_id``, ``finish_reason`` of the last generation, ``behavior``
+      (``params``' temperature and filters, which every turn shares) and ``info``:
       ``example_id``, ``turns``, ``tool_calls``, ``tool_errors``, ``truncated`` plus the
       environment's last info.
     """
@@ -174,7 +175,8 @@ def run_episodes(
     for e in episodes:
         if not e.done:
             e.truncated, e.reward = True, 0.0
-    return [_to_trajectory(e) for e in episodes]
+    behavior = BehaviorParams(params.temperature, params.top_k, params.top_p, params.min_p)
+    return [_to_trajectory(e, behavior) for e in episodes]
 
 
 def _check_shape(out, num_prompts: int, num_samples: int) -> None:
@@ -219,7 +221,7 @@ def _advance(e: _Episode, gen: Generation, tokenizer: Any, config: RolloutConfig
         e.done, e.truncated = True, True
 
 
-def _to_trajectory(e: _Episode) -> Trajectory:
+def _to_trajectory(e: _Episode, behavior: BehaviorParams) -> Trajectory:
     info = dict(e.info)
     info.update(
         example_id=e.example.get("id"), turns=e.turns,
@@ -237,4 +239,5 @@ def _to_trajectory(e: _Episode) -> Trajectory:
         group_id=e.group_id,
         finish_reason=e.finish_reason,
         info=info,
+        behavior=behavior,
     )
