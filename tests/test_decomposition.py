@@ -156,7 +156,8 @@ def test_the_cli_writes_the_table_and_the_report(decomposed_runs, tmp_path):
     n = sum(len(decomposed_runs[k]) for k in ("stale", "stale_int8"))
     assert report["tokens"] == len(z["delta"]) == n
     assert sorted(set(z["run"].tolist())) == [0, 1]
-    assert report["bootstrap"]["unit"] == "run" and report["bootstrap"]["units"] == 2
+    # two runs: steps resampled within each run (a run bootstrap of two runs means nothing)
+    assert report["bootstrap"]["unit"] == "step" and report["bootstrap"]["runs"] == 2
     assert report["max_abs_sum_error"] <= 1e-6
     assert set(report["gates"]["overall"]) == {"entr", "icepop", "kpop", "trm", "m2po", "tis"}
     np.testing.assert_allclose(z["q"], np.exp(z["logp_mu"]))
@@ -178,9 +179,43 @@ def test_the_stored_study_slice_decomposes(tmp_path):
     assert decompose.main([str(root), "--out", str(out), "--n-boot", "10"]) == 0
     report = json.loads((out / "decomposition.json").read_text())
     z = np.load(out / "tokens.npz")
-    assert report["bootstrap"]["unit"] == "run" and len(report["runs"]) == 2
+    assert report["bootstrap"]["unit"] == "step" and len(report["runs"]) == 2
     assert report["max_abs_sum_error"] <= 1e-6
     assert report["max_abs_delta_mis"] > 1e-3  # fp8 weights: a mismatch
     old = z["age"] > 0
     assert old.sum() > 100 and np.mean(np.abs(z["delta_stale"][old]) > 1e-6) > 0.5  # drift
     assert np.all(z["delta_stale"][z["age"] == 0] == 0.0)
+
+
+def _synthetic(n_runs: int, steps: int, per_step: int = 40) -> decompose.Decomposed:
+    """Tokens with E[delta_stale^2 | H] = a_r H, where the slope a_r differs by run."""
+    rng = np.random.default_rng(0)
+    n = n_runs * steps * per_step
+    run = np.repeat(np.arange(n_runs), steps * per_step)
+    step = np.tile(np.repeat(np.arange(steps), per_step), n_runs)
+    h = rng.uniform(0.0, 3.0, n)
+    stale = rng.normal(size=n) * np.sqrt((1.0 + 0.5 * run) * h)
+    mis = rng.normal(size=n) * 1e-3
+    logp_mu = -rng.uniform(0.0, 3.0, n)
+    z = np.zeros(n)
+    return decompose.Decomposed(
+        run=run, step=step, row=z.astype(np.int64), entropy_mu=h, entropy_pi=h,
+        logp_mu=logp_mu, logp_pi=logp_mu + mis + stale, logp_version=logp_mu + mis,
+        delta=mis + stale, delta_mis=mis, delta_stale=stale, age=np.ones(n, np.int64))
+
+
+def test_the_bootstrap_resamples_runs_only_when_there_are_enough(monkeypatch):
+    few = decompose.bootstrap(_synthetic(2, 6), n_boot=50)
+    assert (few["unit"], few["runs"], few["units"]) == ("step", 2, 12)
+    assert decompose.resampled(few) == "12 steps within 2 runs"
+    five = _synthetic(decompose.MIN_RUNS_FOR_RUN_BOOTSTRAP, 6)
+    many = decompose.bootstrap(five, n_boot=50)
+    assert (many["unit"], many["units"]) == ("run", decompose.MIN_RUNS_FOR_RUN_BOOTSTRAP)
+    assert decompose.resampled(many) == "5 runs"
+    # the runs' slopes differ (1.0 ... 3.0): resampling runs carries that spread, resampling
+    # steps within runs cannot, so its interval is much narrower
+    monkeypatch.setattr(decompose, "MIN_RUNS_FOR_RUN_BOOTSTRAP", 6)
+    within = decompose.bootstrap(five, n_boot=50)
+    assert within["unit"] == "step"
+    width = lambda ci: ci[1] - ci[0]  # noqa: E731
+    assert width(many["slope_ci95"]) > 2 * width(within["slope_ci95"])

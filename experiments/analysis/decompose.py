@@ -216,18 +216,35 @@ def premise_fits(t: Decomposed) -> dict[str, Any]:
                                           ENTROPY_EDGES)}
 
 
+MIN_RUNS_FOR_RUN_BOOTSTRAP = 5
+
+
 def bootstrap(t: Decomposed, n_boot: int = 200, seed: int = 0) -> dict[str, Any]:
-    """95 % percentile intervals of the slope (a) and the exponent (b), resampling whole
-    runs with replacement (whole steps when there is one run): the unit of independence
-    is the run (its tokens share weights, prompts and warm start)."""
-    unit = t.run if len(np.unique(t.run)) > 1 else t.step
-    units = np.unique(unit)
-    members = {u: np.nonzero(unit == u)[0] for u in units}
+    """95 % percentile intervals of the slope (a), the exponents (b) and the low-entropy
+    amplification.
+
+    The unit of independence is the run (its tokens share weights, prompts and warm start),
+    so with at least ``MIN_RUNS_FOR_RUN_BOOTSTRAP`` runs whole runs are resampled with
+    replacement. With fewer, a run bootstrap has too few distinct resamples to mean anything
+    (two runs give three), so whole steps are resampled *within* each run (stratified: every
+    run keeps its number of steps); such intervals leave out the variation between runs and
+    the report says so (``unit`` ``"step"``, ``runs``)."""
+    runs = np.unique(t.run)
+    by_run = len(runs) >= MIN_RUNS_FOR_RUN_BOOTSTRAP
+    # strata: one stratum of runs, or one stratum of (run, step) units per run
+    if by_run:
+        strata = [{int(u): np.nonzero(t.run == u)[0] for u in runs}]
+    else:
+        strata = [{int(s): np.nonzero((t.run == r) & (t.step == s))[0]
+                   for s in np.unique(t.step[t.run == r])} for r in runs]
     rng = np.random.default_rng(seed)
     slopes, exps, exps_off, amps = [], [], [], []
     for _ in range(n_boot):
-        pick = rng.choice(units, len(units), replace=True)
-        sub = t.select(np.concatenate([members[u] for u in pick]))
+        parts = []
+        for members in strata:
+            keys = list(members)
+            parts += [members[keys[i]] for i in rng.integers(0, len(keys), len(keys))]
+        sub = t.select(np.concatenate(parts))
         f = premise_fits(sub)
         slopes.append(f["stale_vs_entropy"]["slope"])
         exps.append(f["mis_vs_q"]["exponent"])
@@ -239,7 +256,8 @@ def bootstrap(t: Decomposed, n_boot: int = 200, seed: int = 0) -> dict[str, Any]
         v = v[np.isfinite(v)]
         return [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))] if len(v) else None
 
-    return {"unit": "run" if unit is t.run else "step", "units": int(len(units)),
+    return {"unit": "run" if by_run else "step", "runs": int(len(runs)),
+            "units": int(sum(len(m) for m in strata)),
             "n_boot": n_boot, "slope_ci95": ci(slopes), "exponent_ci95": ci(exps),
             "exponent_off_mode_ci95": ci(exps_off), "amplification_ci95": ci(amps)}
 
@@ -302,6 +320,13 @@ def group_runs(runs: Sequence[Run], keys: Sequence[str]) -> dict[str, list[Run]]
     return dict(sorted(groups.items()))
 
 
+def resampled(boot: dict[str, Any]) -> str:
+    """What a bootstrap resampled, in words: ``"5 runs"`` or ``"16 steps within 2 runs"``."""
+    if boot["unit"] == "run":
+        return f"{boot['units']} runs"
+    return f"{boot['units']} steps within {boot['runs']} run{'s' * (boot['runs'] != 1)}"
+
+
 def mismatch_table(summaries: dict[str, dict[str, Any]]) -> str:
     """A Markdown table, one row per group: tokens, runs, ``E[delta_mis^2]``, the largest
     ``|delta_mis|``, the exponent ``k`` with its interval, ``E[delta_mis^2 | H]`` of
@@ -310,7 +335,7 @@ def mismatch_table(summaries: dict[str, dict[str, Any]]) -> str:
     lines = ["| condition | runs | tokens | E[d_mis^2] | max abs d_mis | k [95% CI] | "
              "k off-mode [95% CI] | low-H amplification [95% CI] | "
              + " | ".join(f"off-mode {h}" for h in heads) + " | ENTR tau=1 cuts |",
-             "|" + "---|" * (9 + len(heads))]
+             "|" + "---|" * (10 + len(heads))]
     g = lambda v: "" if v is None or v != v else f"{v:.2g}"  # noqa: E731
     for label, s in summaries.items():
         b, boot = s["premises"]["mis_vs_q"], s["bootstrap"]
@@ -322,7 +347,7 @@ def mismatch_table(summaries: dict[str, dict[str, Any]]) -> str:
                      f"{g(s['max_abs_delta_mis'])} | {iv(b['exponent'], boot['exponent_ci95'])} | "
                      f"{iv(b['exponent_off_mode'], boot['exponent_off_mode_ci95'])} | "
                      f"{iv(s['premises']['low_entropy_amplification']['ratio'], boot['amplification_ci95'])} | "
-                     + " | ".join(cells) + f" | {entr[0]['all']:.4f} |")
+                     f"{resampled(boot)} | " + " | ".join(cells) + f" | {entr[0]['all']:.4f} |")
     return "\n".join(lines)
 
 
@@ -369,7 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     boot = summary["bootstrap"]
     print(f"{len(tokens)} tokens of {len(runs)} run(s) -> {out}")
     print(f"(a) E[delta_stale^2 | H] slope {a['slope']:.4g} (95% CI {boot['slope_ci95']}, "
-          f"bootstrap over {boot['units']} {boot['unit']}s)")
+          f"bootstrap over {resampled(boot)})")
     print(f"(b) E[delta_mis^2 | q] ~ ((1-q)/q)^k, k = {b['exponent']:.3g} "
           f"(95% CI {boot['exponent_ci95']})")
     for g, kp in summary["gates"]["overall"].items():
