@@ -182,6 +182,11 @@ def test_the_stored_study_slice_decomposes(tmp_path):
     assert report["bootstrap"]["unit"] == "step" and len(report["runs"]) == 2
     assert report["max_abs_sum_error"] <= 1e-6
     assert report["max_abs_delta_mis"] > 1e-3  # fp8 weights: a mismatch
+    material = np.abs(z["delta"]) > decompose.MATERIAL_NATS
+    mis = np.abs(z["delta_mis"]) > np.abs(z["delta_stale"])
+    m = report["gates"]["material"]
+    assert (m["mis"], m["stale"]) == (int((mis & material).sum()), int((~mis & material).sum()))
+    assert set(decompose.gc.GATES) <= set(m) and 0.0 <= m["entr"]["auc"] <= 1.0
     old = z["age"] > 0
     assert old.sum() > 100 and np.mean(np.abs(z["delta_stale"][old]) > 1e-6) > 0.5  # drift
     assert np.all(z["delta_stale"][z["age"] == 0] == 0.0)

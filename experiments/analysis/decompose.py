@@ -136,6 +136,9 @@ def load(runs: Sequence[Run]) -> tuple[Decomposed, dict[str, np.ndarray]]:
     return tokens, {k: np.concatenate([s[k] for _, s in loaded]) for k in ("trm", "m2po")}
 
 
+MATERIAL_NATS = 0.01  # |delta| above which a gate's decision about a token matters
+
+
 def classify(t: Decomposed) -> tuple[np.ndarray, np.ndarray]:
     """``(stale, mis)`` ``[N] bool``: a token is *mismatch-dominated* when the mismatch
     accounts for more of its log-ratio than the drift does, ``|delta_mis| > |delta_stale|``,
@@ -264,18 +267,30 @@ def bootstrap(t: Decomposed, n_boot: int = 200, seed: int = 0) -> dict[str, Any]
 
 def gate_report(t: Decomposed, seq: dict[str, np.ndarray], eps: float = 0.01,
                 grids: dict[str, Sequence[float]] | None = None) -> dict[str, Any]:
-    """Every gate's curve key points (`gate_curves.key_points`), overall and per entropy
-    bin, and the rule-based ENTR ``tau`` that cuts at most 2 % of the
-    staleness-dominated tokens."""
+    """Every gate's curve key points (`gate_curves.key_points`), overall, over the
+    *material* tokens only (``|delta| > MATERIAL_NATS``: most mismatch-dominated tokens
+    are mode tokens where both parts are tiny, and no gate's decision about them matters)
+    and per entropy bin; and the rule-based ENTR ``tau`` that cuts at most 2 % of the
+    staleness-dominated tokens (all, and material)."""
     stale, mis = classify(t)
     sc = scores(t, seq, eps)
     grids = grids or {}
+    material = np.abs(t.delta) > MATERIAL_NATS
     out: dict[str, Any] = {"classes": {"stale": int(stale.sum()), "mis": int(mis.sum())},
-                           "overall": {}, "by_entropy": []}
+                           "overall": {}, "by_entropy": [],
+                           "material": {"floor_nats": MATERIAL_NATS,
+                                        "stale": int((stale & material).sum()),
+                                        "mis": int((mis & material).sum())}}
     for g in gc.GATES:
         c = gc.curve(g, sc[g], stale, mis)
         out["overall"][g] = gc.key_points(c, grid=grids.get(g, ()))
+        if (stale & material).any() and (mis & material).any():
+            cm = gc.curve(g, sc[g][material], stale[material], mis[material])
+            out["material"][g] = gc.key_points(cm, grid=grids.get(g, ()))
     out["tau_rule_2pct"] = gc.curve("entr", sc["entr"], stale, mis).threshold_at_x(0.02)
+    if "entr" in out["material"]:
+        out["material"]["tau_rule_2pct"] = gc.curve(
+            "entr", sc["entr"][material], stale[material], mis[material]).threshold_at_x(0.02)
     idx = np.searchsorted(np.asarray(ENTROPY_EDGES), t.entropy_mu, side="right") - 1
     for i, lo in enumerate(ENTROPY_EDGES):
         sel = idx == i
@@ -397,12 +412,16 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"bootstrap over {resampled(boot)})")
     print(f"(b) E[delta_mis^2 | q] ~ ((1-q)/q)^k, k = {b['exponent']:.3g} "
           f"(95% CI {boot['exponent_ci95']})")
+    mat = summary["gates"]["material"]
     for g, kp in summary["gates"]["overall"].items():
-        print(f"gate {g:7s} AUC {kp['auc']:.3f}  mis cut at 2% stale cut "
+        m_auc = f"{mat[g]['auc']:.3f}" if g in mat else "-"
+        print(f"gate {g:7s} AUC {kp['auc']:.3f} (material {m_auc})  mis cut at 2% stale cut "
               f"{kp['y_at_x']['0.02']:.3f}  default: stale {kp['default']['x']:.4f} "
               f"mis {kp['default']['y']:.4f}")
     print(f"ENTR tau cutting <= 2% of staleness-dominated tokens: "
-          f"{summary['gates']['tau_rule_2pct']:.4g}")
+          f"{summary['gates']['tau_rule_2pct']:.4g}; of the material ones "
+          f"(|delta| > {mat['floor_nats']:g}: {mat['stale']} stale, {mat['mis']} mis): "
+          f"{mat.get('tau_rule_2pct', float('nan')):.4g}")
     return 0
 
 
