@@ -49,7 +49,7 @@ def learner(tmp_path):
     root = tmp_path / "learner"
     config = LearnerConfig(
         mesh=MeshConfig(data=2, fsdp=4), optimizer=OptimizerConfig(learning_rate=1e-2, warmup_steps=1),
-        num_microbatches=2, chunk_size=8, max_consecutive_nonfinite=2,
+        microbatches=2, logprob_chunk=8, max_bad_steps=2,
     )
     ckpt = CheckpointManager(root / "ckpt", max_to_keep=2)
     lrn = Learner(lambda: Decoder(CFG, rngs=nnx.Rngs(0)), config,

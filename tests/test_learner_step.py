@@ -198,7 +198,7 @@ def test_kl_to_the_reference_is_refused_under_sampling_filters(filters, named):
     from learners.learner import Learner, LearnerConfig
 
     kl = make_objective("grpo", kl_coef=0.04)
-    with pytest.raises(ValueError, match=r"grpo reads logp_ref .*kl_coef.*" + named.replace(".", r"\.")):
+    with pytest.raises(ValueError, match=r"grpo's kl_coef=0\.04 \(a k3 KL penalty.*" + named.replace(".", r"\.")):
         Learner(_module, LearnerConfig(mesh=MeshConfig(1, 1, 1), **filters), objective=kl,
                 devices=jax.devices()[:1])
 

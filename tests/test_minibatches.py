@@ -19,9 +19,9 @@ N = 8
 
 
 def _config(minibatches: int, epochs: int) -> LearnerConfig:
-    return LearnerConfig(mesh=MeshConfig(1, 1, 1), num_minibatches=minibatches, num_epochs=epochs,
+    return LearnerConfig(mesh=MeshConfig(1, 1, 1), minibatches=minibatches, epochs=epochs,
                          optimizer=OptimizerConfig(learning_rate=0.05, max_grad_norm=None),
-                         chunk_size=8, min_length=16)
+                         logprob_chunk=8, min_length=16)
 
 
 def _learner(minibatches: int, epochs: int) -> Learner:
