@@ -9,8 +9,9 @@ frozen config dataclass; `OBJECTIVES` maps a method name to ``(fn, ConfigClass)`
     objective = make_objective("entr", tau=1.0, eps=0.01, clip_low=0.2, clip_high=0.28)
     loss, metrics = objective(logp_pi, batch)
 
-``logp_pi`` is ``[B, T]`` float (cast to f32); ``batch`` is read only through the
-attributes ``logp_mu``, ``entropy_mu``, ``logp_prox``, ``logp_ref``, ``advantages``,
+``logp_pi`` is ``[B, T]`` float (cast to f32); ``batch`` is an
+`entr_jax.types.ObjectiveInput` (the learner builds one per microbatch; shapes and dtypes
+in its docstring), read only through the attributes ``logp_mu``, ``entropy_mu``, ``logp_prox``, ``logp_ref``, ``advantages``,
 ``loss_mask``, the optimizer-batch normalisers ``num_loss_tokens`` and ``num_sequences``
 and ``batch_stats`` (plus ``entropy_pi`` for ENTR's ``current_full``), optional ones via
 ``getattr(batch, name, None)``. ``loss`` is a f32 scalar to minimise; ``metrics`` a flat
