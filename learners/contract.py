@@ -5,15 +5,13 @@ embed (`check_token_ids`), and a KL penalty to the reference under sampling filt
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
 from entr_jax.sampling_filter import filter_active
 from entr_jax.types import Trajectory
-
-if TYPE_CHECKING:
-    from learners.learner import LearnerConfig
+from learners.config import LearnerConfig
 
 
 FILTERS_OFF = (("top_p", 1.0), ("top_k", -1), ("min_p", 0.0))
@@ -60,7 +58,7 @@ def check_reference_filters(inputs: Collection[str], filters: Mapping[str, Any],
         f"reference's support. Set {kl_off} or turn the filters off ({off})")
 
 
-def check_behavior(trajectories: Sequence[Trajectory], config: "LearnerConfig") -> None:
+def check_behavior(trajectories: Sequence[Trajectory], config: LearnerConfig) -> None:
     """Refuse trajectories drawn from another distribution than the learner scores.
 
     Each trajectory that records its `entr_jax.types.BehaviorParams` must have been
