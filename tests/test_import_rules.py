@@ -123,6 +123,38 @@ def test_the_circle_finder_finds_a_lazy_import_circle(tmp_path, monkeypatch):
     assert _circles("pkg") == [["pkg.a", "pkg.b"]]
 
 
+def _test_module_imports(path: pathlib.Path) -> list[str]:
+    """The test modules (``test_*``) that ``path`` imports, as written."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = "." * node.level + (node.module or "")
+            names = [base] + [f"{base}.{a.name}".replace("..", ".") for a in node.names]
+        else:
+            continue
+        found += [n for n in names if n.rsplit(".", 1)[-1].startswith("test_")]
+    return sorted(set(found))
+
+
+def test_no_test_module_imports_another():
+    """Shared fixtures live in tests/conftest.py (helpers in non-test modules such as
+    tests/small_job.py): importing a test module runs its module-level setup and collects
+    its tests a second time."""
+    bad = {f.name: _test_module_imports(f) for f in sorted((REPO / "tests").glob("*.py"))}
+    assert {f: b for f, b in bad.items() if b} == {}
+
+
+def test_the_test_import_finder_sees_every_spelling(tmp_path):
+    f = tmp_path / "test_x.py"
+    f.write_text("import tests.test_a\nfrom tests.test_b import c\nfrom tests import test_c\n"
+                 "from .test_d import e\nfrom . import test_e\nimport test_f\n"
+                 "from tests.small_job import run\n")
+    assert _test_module_imports(f) == [".test_d", ".test_e", "test_f", "tests.test_a",
+                                       "tests.test_b", "tests.test_c"]
+
+
 def test_math_modules_import_only_numpy_jax_chex():
     bad = {str(f.relative_to(REPO)): sorted(_imports(f) - MATH_ALLOWED)
            for rel in MATH_MODULES for f in _files(rel)}
