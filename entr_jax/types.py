@@ -173,3 +173,41 @@ class Batch:
     logp_ref: jax.Array | None = None
     num_loss_tokens: jax.Array | None = None
     entropy_mu_valid: jax.Array | None = None
+
+
+@struct.dataclass
+class ObjectiveInput:
+    """What an objective reads besides ``logp_pi``: ``loss, metrics = objective(logp_pi,
+    inputs)`` (`entr_jax.objectives`). Frozen; built by the learner for each microbatch
+    (`learners.accumulate.view`) and for the whole optimizer batch.
+
+    Shapes: ``B`` rows of this (micro)batch, ``T`` target positions (``logp_pi``'s
+    ``[B, T]``); every ``[B, T]`` array is aligned to the target token (`Batch`).
+
+    Attributes:
+      loss_mask: ``[B, T] bool`` true on policy-generated target tokens.
+      advantages: ``[B, T] float32`` per-token advantage ``A_{i,t}``.
+      logp_mu: ``[B, T] float32`` behavior log-prob of the target token.
+      entropy_mu: ``[B, T] float32`` full-vocabulary behavior entropy (nats).
+      logp_prox: ``[B, T] float32`` proximal-policy log-prob, or None (not read).
+      logp_ref: ``[B, T] float32`` reference-policy log-prob, or None (no KL term).
+      entropy_pi: ``[B, T] float32`` entropy of pi (detached), or None.
+      num_loss_tokens: ``[] float32`` loss tokens of the whole optimizer batch (the
+        normaliser every microbatch shares), or None: counted on this batch.
+      num_sequences: ``[] float32`` rows of the optimizer batch with at least one loss
+        token, or None: counted on this batch.
+      batch_stats: ``{name: [] f32 or [B, ...]}`` statistics of the current policy over
+        the whole optimizer batch (``objective.batch_stats``, sliced to these rows), or
+        None: the objective computes them on this batch.
+    """
+
+    loss_mask: jax.Array
+    advantages: jax.Array
+    logp_mu: jax.Array
+    entropy_mu: jax.Array
+    logp_prox: jax.Array | None = None
+    logp_ref: jax.Array | None = None
+    entropy_pi: jax.Array | None = None
+    num_loss_tokens: jax.Array | None = None
+    num_sequences: jax.Array | None = None
+    batch_stats: dict[str, jax.Array] | None = None

@@ -21,6 +21,8 @@ from entr_jax.staleness import StalenessConfig
 from learners.logging import LoggingConfig
 from entr_jax.tasks.rewards import VerifierConfig
 from experiments.errors import ConfigError
+from learners.config import LearnerConfig, LearnerOptions
+from learners.contract import check_reference_filters
 from learners.optim import OptimizerConfig
 from samplers.sglang_config import FleetPolicy, check_api_key_source
 
@@ -492,8 +494,11 @@ class SFTSpec:
                                weight_decay=0.0, max_grad_norm=1.0)
 
 
+# The fields, their defaults and checks are learners.config.LearnerOptions's (errors name
+# learner.<field>); `build` makes the run's learners.config.LearnerConfig. The docstring is
+# the --help text.
 @dataclasses.dataclass(frozen=True)
-class LearnerSpec:
+class LearnerSpec(LearnerOptions):
     """Learner step layout.
 
     Attributes:
@@ -513,19 +518,18 @@ class LearnerSpec:
       logprob_chunk: sequence chunk of the memory-lean log-prob computation.
     """
 
-    microbatches: int = 1
-    minibatches: int = 1
-    epochs: int = 1
-    mesh: MeshConfig = MeshConfig()
-    max_bad_steps: int = 5
-    logprob_chunk: int = 128
+    FIELD_PREFIX: ClassVar[str] = "learner."
 
-    def __post_init__(self):
-        _require(self.microbatches >= 1, "learner.microbatches", self.microbatches, ">= 1")
-        _require(self.minibatches >= 1, "learner.minibatches", self.minibatches, ">= 1")
-        _require(self.epochs >= 1, "learner.epochs", self.epochs, ">= 1")
-        _require(self.max_bad_steps >= 1, "learner.max_bad_steps", self.max_bad_steps, ">= 1")
-        _require(self.logprob_chunk >= 1, "learner.logprob_chunk", self.logprob_chunk, ">= 1")
+    def build(self, *, optimizer: OptimizerConfig, sampling: "SamplingSpec", pad_id: int,
+              seed: int, max_length: int | None = None) -> LearnerConfig:
+        """The learner's configuration: these options, the optimizer, the sampling
+        distribution the learner scores (``sampling``'s temperature and filters), the
+        tokenizer's ``pad_id``, the run's ``seed`` and the longest sequence
+        (``max_length``, None = unbounded)."""
+        options = {f.name: getattr(self, f.name) for f in dataclasses.fields(LearnerOptions)}
+        return LearnerConfig(**options, optimizer=optimizer, temperature=sampling.temperature,
+                             top_k=sampling.top_k, top_p=sampling.top_p, min_p=sampling.min_p,
+                             pad_id=pad_id, max_length=max_length, seed=seed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -621,33 +625,23 @@ class RunConfig:
                          "the tempered distribution before top-k/top-p/min-p, so the learner "
                          "could not score the distribution the tokens were drawn from")
         # A KL penalty to the reference (GRPO's k3, DeepSeekMath eq. 4) is between the
-        # policies; under sampling filters logp_ref is the reference's truncated
-        # distribution, -1e4 on the sampled tokens outside its kept set, where k3 is a
-        # clipped constant with no gradient (learners.learner.check_reference_filters).
-        if "logp_ref" in self.objective.selected().inputs():
-            on = [f"--sampling.{name} {getattr(self.sampling, name)}"
-                  for name, off in (("top_p", 1.0), ("top_k", -1), ("min_p", 0.0))
-                  if getattr(self.sampling, name) != off]
-            if on:
-                section = "entr" if self.objective.name in _ALIASES else self.objective.name
-                coef = getattr(self.objective.selected(), "kl_coef", None)
-                kl = (f"--objective.{section}.kl_coef {coef}" if coef is not None
-                      else f"objective.{section}")
-                raise ValueError(
-                    f"{kl} (a k3 KL penalty to the reference policy) cannot be used with "
-                    f"sampling filters ({', '.join(on)}): the reference is then scored under "
-                    "its filtered distribution, a sampled token outside its kept set gets the "
-                    "stand-in log-prob -1e4 and the KL term is a clipped constant with no "
-                    "gradient exactly where the policy left the reference's support. Set "
-                    f"--objective.{section}.kl_coef 0 or turn the filters off "
-                    "(--sampling.top_p 1.0 --sampling.top_k -1 --sampling.min_p 0.0)")
+        # policies; under sampling filters it is a clipped constant where the policy left
+        # the reference's support (learners.contract.check_reference_filters).
+        section = "entr" if self.objective.name in _ALIASES else self.objective.name
+        coef = getattr(self.objective.selected(), "kl_coef", None)
+        check_reference_filters(
+            self.objective.selected().inputs(),
+            {name: getattr(self.sampling, name) for name in ("top_p", "top_k", "min_p")},
+            kl=(f"--objective.{section}.kl_coef {coef}" if coef is not None
+                else f"objective.{section}"),
+            kl_off=f"--objective.{section}.kl_coef 0",
+            field=lambda name, value: f"--sampling.{name} {value}")
         # ENTR's entropy source must name what the sampler provides: the embedded sampler
         # reports the exact entropy of mu, the SGLang fleet a top-k estimate where the engine
         # does not report it (docs/sglang.md section 4).
         source = getattr(self.objective.selected(), "entropy_source", None)
         if source is not None and source != "current_full":
             need = "behavior_topk" if self.sampler.kind == "sglang" else "behavior_full"
-            section = "entr" if self.objective.name in _ALIASES else self.objective.name
             _require(source == need, f"objective.{section}.entropy_source", source,
                      f"{need!r} or 'current_full' with sampler.kind={self.sampler.kind!r}")
 

@@ -138,23 +138,8 @@ class Job:
 
     def _learner_config(self, optimizer: OptimizerConfig, pad_id: int,
                         max_length: int | None = None) -> LearnerConfig:
-        lc = self.cfg.learner
-        return LearnerConfig(
-            mesh=lc.mesh,
-            optimizer=optimizer,
-            num_microbatches=lc.microbatches,
-            num_minibatches=lc.minibatches,
-            num_epochs=lc.epochs,
-            chunk_size=lc.logprob_chunk,
-            temperature=self.cfg.sampling.temperature,
-            top_k=self.cfg.sampling.top_k,
-            top_p=self.cfg.sampling.top_p,
-            min_p=self.cfg.sampling.min_p,
-            pad_id=pad_id,
-            max_length=max_length,
-            max_consecutive_nonfinite=lc.max_bad_steps,
-            seed=self.cfg.seed,
-        )
+        return self.cfg.learner.build(optimizer=optimizer, sampling=self.cfg.sampling,
+                                      pad_id=pad_id, seed=self.cfg.seed, max_length=max_length)
 
     def _sampling(self, batch_id: int, stream: int = 0, offset: int = 0,
                   **overrides) -> SamplingParams:

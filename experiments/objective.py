@@ -25,10 +25,10 @@ def response_budget(task: Any) -> int:
 
 
 def build_objective(cfg: Any):
-    """``make_objective(cfg.objective.name, ...)`` with ``l_norm`` filled in (see the module
-    docstring); ``cfg`` is an `experiments.config.RunConfig`."""
+    """``make_objective(cfg.objective.name, config)`` with the selected section as the
+    config and ``l_norm`` filled in (see the module docstring); ``cfg`` is an
+    `experiments.config.RunConfig`."""
     selected = cfg.objective.selected()
-    overrides = dataclasses.asdict(selected)
     if selected.mode == "seq_mean_token_sum_norm" and selected.l_norm is None:
-        overrides["l_norm"] = float(response_budget(cfg.task))
-    return make_objective(cfg.objective.name, **overrides)
+        selected = dataclasses.replace(selected, l_norm=float(response_budget(cfg.task)))
+    return make_objective(cfg.objective.name, selected)

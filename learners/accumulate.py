@@ -27,19 +27,18 @@ accumulation; no other objective pays it.
 from __future__ import annotations
 
 import dataclasses
-import types
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 
 from entr_jax.objectives.common import normalisers
-from entr_jax.types import BATCH_ROW_FIELDS, Batch
+from entr_jax.types import Batch, ObjectiveInput
 
 __all__ = ["Accumulated", "accumulate", "merge_microbatches", "view"]
 
 LogpFn = Callable[[Any, Batch], tuple[jax.Array, jax.Array]]
-LossFn = Callable[[jax.Array, Any], tuple[jax.Array, dict[str, jax.Array]]]
+LossFn = Callable[[jax.Array, ObjectiveInput], tuple[jax.Array, dict[str, jax.Array]]]
 
 
 @dataclasses.dataclass
@@ -66,11 +65,15 @@ def merge_microbatches(tree: Any) -> Any:
     return jax.tree.map(lambda x: x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:]), tree)
 
 
-def view(batch: Batch, norms: dict, entropy_pi: jax.Array, stats: dict | None) -> types.SimpleNamespace:
-    """What an objective reads: the row fields of ``batch`` plus the optimizer-batch
-    normalisers ``norms``, ``entropy_pi`` and ``batch_stats``."""
-    fields = {name: getattr(batch, name) for name in BATCH_ROW_FIELDS}
-    return types.SimpleNamespace(**fields, **norms, entropy_pi=entropy_pi, batch_stats=stats)
+def view(batch: Batch, norms: dict, entropy_pi: jax.Array, stats: dict | None) -> ObjectiveInput:
+    """What an objective reads (`entr_jax.types.ObjectiveInput`): the per-token fields of
+    ``batch`` plus the optimizer-batch normalisers ``norms`` (`normalisers`), ``entropy_pi``
+    and ``batch_stats``."""
+    return ObjectiveInput(
+        loss_mask=batch.loss_mask, advantages=batch.advantages, logp_mu=batch.logp_mu,
+        entropy_mu=batch.entropy_mu, logp_prox=batch.logp_prox, logp_ref=batch.logp_ref,
+        entropy_pi=entropy_pi, num_loss_tokens=norms["num_loss_tokens"],
+        num_sequences=norms["num_sequences"], batch_stats=stats)
 
 
 def _split_stats(stats: dict, num_micro: int, rows: int) -> tuple[dict, dict]:
@@ -95,19 +98,19 @@ def accumulate(
     params: Any,
     batch: Batch,
     *,
-    batch_stats: Callable[[jax.Array, Any], dict] | None = None,
+    batch_stats: Callable[[jax.Array, ObjectiveInput], dict] | None = None,
     constrain: Callable[[Batch], Batch] = lambda mb: mb,
     constrain_grads: Callable[[Any], Any] = lambda g: g,
 ) -> Accumulated:
     """Loss, gradient and metrics of one optimizer batch split into M microbatches.
 
     Args:
-      loss_fn: ``loss_fn(logp_pi, view) -> (loss, metrics)``, an objective (or the SFT
-        loss) reading the normalisers and ``batch_stats`` from the view (`view`).
+      loss_fn: ``loss_fn(logp_pi, inputs) -> (loss, metrics)``, an objective (or the SFT
+        loss) reading the normalisers and ``batch_stats`` from its `ObjectiveInput` (`view`).
       logp_fn: ``logp_fn(params, microbatch) -> (logp [b, T], entropy [b, T])``.
       params: the differentiated parameters.
       batch: the optimizer batch, every row field ``[M, b, ...]``.
-      batch_stats: ``batch_stats(logp_pi, view) -> dict`` of optimizer-batch statistics
+      batch_stats: ``batch_stats(logp_pi, inputs) -> dict`` of optimizer-batch statistics
         (``objective.batch_stats``) or None.
       constrain, constrain_grads: sharding constraints applied to each microbatch and to
         the running gradient sum.

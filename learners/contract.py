@@ -5,18 +5,21 @@ embed (`check_token_ids`), and a KL penalty to the reference under sampling filt
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
 from entr_jax.sampling_filter import filter_active
 from entr_jax.types import Trajectory
-
-if TYPE_CHECKING:
-    from learners.learner import LearnerConfig
+from learners.config import LearnerConfig
 
 
-def check_reference_filters(objective: Callable | None, config: "LearnerConfig") -> None:
+FILTERS_OFF = (("top_p", 1.0), ("top_k", -1), ("min_p", 0.0))
+"""The sampling filters and their "off" values, in the order messages name them."""
+
+
+def check_reference_filters(inputs: Collection[str], filters: Mapping[str, Any], *, kl: str,
+                            kl_off: str, field: Callable[[str, Any], str]) -> None:
     """Refuse a KL penalty to the reference policy under sampling filters.
 
     With ``top_k``/``top_p``/``min_p`` on, ``logp_ref`` is scored under the reference's
@@ -25,29 +28,37 @@ def check_reference_filters(objective: Callable | None, config: "LearnerConfig")
     (`entr_jax.logprobs`) instead of its true ``-inf``: GRPO's k3 term (DeepSeekMath eq. 4)
     then clips ``logp_ref - logp_pi`` to -20 and adds the constant 19.0 with zero gradient,
     i.e. no penalty exactly where pi left the reference's support. KL(pi || ref) between
-    truncated policies is not defined there, so the combination is refused.
+    truncated policies is not defined there, so the combination is refused. The run's
+    configuration calls it when it is parsed (`experiments.config.RunConfig`), the
+    `learners.learner.Learner` when it is built; each names the fields its caller sets.
+
+    Args:
+      inputs: the optional batch fields the objective reads (``objective.inputs``).
+      filters: ``{"top_p": ..., "top_k": ..., "min_p": ...}``, the filters scored.
+      kl: the setting that turns the penalty on, as the caller names it
+        (``"--objective.grpo.kl_coef 0.04"``).
+      kl_off: that setting turned off (``"--objective.grpo.kl_coef 0"``).
+      field: ``field(name, value)`` names a filter setting (``"--sampling.top_p 0.9"``).
 
     Raises:
-      ValueError: ``"logp_ref" in objective.inputs`` and a filter is on; names the fields.
+      ValueError: ``"logp_ref" in inputs`` and a filter is on; names the fields and fixes.
     """
-    if "logp_ref" not in getattr(objective, "inputs", frozenset()):
+    if "logp_ref" not in inputs:
         return
-    if not filter_active(config.top_k, config.top_p, config.min_p):
+    if not filter_active(filters["top_k"], filters["top_p"], filters["min_p"]):
         return
-    on = ", ".join(f"LearnerConfig.{name}={getattr(config, name)!r}"
-                   for name, off in (("top_k", -1), ("top_p", 1.0), ("min_p", 0.0))
-                   if getattr(config, name) != off)
-    name = getattr(objective, "name", "the objective")
+    on = ", ".join(field(name, filters[name]) for name, off in FILTERS_OFF
+                   if filters[name] != off)
+    off = " ".join(field(name, value) for name, value in FILTERS_OFF)
     raise ValueError(
-        f"{name} reads logp_ref (a k3 KL penalty to the reference policy, e.g. "
-        f"GrpoConfig.kl_coef > 0), but sampling filters are on ({on}): a sampled token "
-        "outside the reference's filtered (truncated) support gets the stand-in log-prob "
-        "-1e4, so the KL term is a clipped constant with no gradient exactly where pi left "
-        "that support. Set kl_coef=0 or turn the filters off (top_k=-1, top_p=1.0, "
-        "min_p=0.0)")
+        f"{kl} (a k3 KL penalty to the reference policy) cannot be used with sampling "
+        f"filters ({on}): the reference is then scored under its filtered distribution, a "
+        "sampled token outside its kept set gets the stand-in log-prob -1e4 and the KL term "
+        "is a clipped constant with no gradient exactly where the policy left the "
+        f"reference's support. Set {kl_off} or turn the filters off ({off})")
 
 
-def check_behavior(trajectories: Sequence[Trajectory], config: "LearnerConfig") -> None:
+def check_behavior(trajectories: Sequence[Trajectory], config: LearnerConfig) -> None:
     """Refuse trajectories drawn from another distribution than the learner scores.
 
     Each trajectory that records its `entr_jax.types.BehaviorParams` must have been

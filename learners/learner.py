@@ -6,14 +6,13 @@ batch on the host (`learners.batching`), places it on the mesh
 policy before this rollout batch's first update) and ``logp_ref`` (the frozen reference
 set with `Learner.set_reference`) once, when the objective reads them
 (``objective.inputs``, `learners.step.make_logprob_fn`), dispatches the jitted step
-(``num_minibatches x num_epochs`` optimizer updates, `learners.step.make_train_step`),
+(``minibatches x epochs`` optimizer updates, `learners.step.make_train_step`),
 then fetches and logs the *previous* call's metrics (`learners.logging.DeferredMetrics`)
 and feeds them to `NonFiniteGuard`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -23,15 +22,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from entr_jax.sampling_filter import check_filter
-from entr_jax.sharding import MeshConfig, make_mesh
+from entr_jax.sharding import make_mesh
 from entr_jax.types import Trajectory
 from learners.batching import make_batch
 from learners.checkpoint import CheckpointManager
+from learners.config import LearnerConfig
 from learners.contract import check_behavior, check_reference_filters, check_token_ids
 from learners.distributed import common_length, host_local, local_row_shards, place, shard_batch
 from learners.logging import DeferredMetrics, MetricsLogger
-from learners.optim import OptimizerConfig, make_optimizer, make_schedule
+from learners.optim import make_optimizer, make_schedule
 from learners.state import check_params, create_train_state
 from learners.step import make_logprob_fn, make_train_step
 
@@ -82,61 +81,6 @@ class NonFiniteGuard:
             )
 
 
-@dataclasses.dataclass(frozen=True)
-class LearnerConfig:
-    """Learner settings.
-
-    Attributes:
-      mesh: device mesh shape.
-      optimizer: AdamW / clipping / schedule.
-      num_microbatches: gradient-accumulation microbatches per optimizer update (>= 1);
-        a memory knob: loss, gradient and metrics do not depend on it.
-      num_minibatches: optimizer updates per pass over a rollout batch (>= 1; PPO's
-        mini-batches, verl ``ppo_mini_batch_size``, AReaL ``ppo_n_minibatches``).
-      num_epochs: passes over each rollout batch (>= 1; PPO epochs, verl ``ppo_epochs``,
-        tunix ``num_iterations``). ``logp_prox`` is computed once per rollout batch before
-        the first update, so with more than one update per rollout batch decoupled
-        objectives see ``pi != prox``.
-      chunk_size: sequence chunk of the log-prob computation (>= 1).
-      temperature: sampling temperature the behaviour log-probs were taken at (> 0).
-      top_k, top_p, min_p: the sampler's filters (-1 / 1 / 0 = off, as in
-        `entr_jax.interfaces.SamplingParams`); RL steps and `make_logprob_fn` score the
-        same filtered, renormalised distribution the sampler drew from
-        (`entr_jax.sampling_filter`), SFT steps the unfiltered tempered softmax.
-      pad_id: padding token id (>= 0).
-      min_length, max_length: sequence-length bucketing bounds (`bucket_length`).
-      max_consecutive_nonfinite: stop after this many skipped steps in a row (>= 1).
-      seed: seed of the parameter init and the state RNG key.
-    """
-
-    mesh: MeshConfig = MeshConfig()
-    optimizer: OptimizerConfig = OptimizerConfig()
-    num_microbatches: int = 1
-    num_minibatches: int = 1
-    num_epochs: int = 1
-    chunk_size: int = 128
-    temperature: float = 1.0
-    top_k: int = -1
-    top_p: float = 1.0
-    min_p: float = 0.0
-    pad_id: int = 0
-    min_length: int = 16
-    max_length: int | None = None
-    max_consecutive_nonfinite: int = 3
-    seed: int = 0
-
-    def __post_init__(self):
-        for name in ("num_microbatches", "num_minibatches", "num_epochs", "chunk_size", "min_length",
-                     "max_consecutive_nonfinite"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"LearnerConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if not self.temperature > 0:
-            raise ValueError(f"LearnerConfig.temperature must be > 0, got {self.temperature}")
-        check_filter(self.top_k, self.top_p, self.min_p, prefix="LearnerConfig.")
-        if self.pad_id < 0:
-            raise ValueError(f"LearnerConfig.pad_id must be >= 0, got {self.pad_id}")
-
-
 class Learner:
     """Owns the train state on the mesh and runs RL / SFT steps.
 
@@ -176,7 +120,14 @@ class Learner:
         params: nnx.State | None = None,
     ):
         self.config = config
-        check_reference_filters(objective, config)
+        name = getattr(objective, "name", "the objective")
+        coef = getattr(getattr(objective, "config", None), "kl_coef", None)
+        check_reference_filters(
+            getattr(objective, "inputs", frozenset()),
+            {"top_p": config.top_p, "top_k": config.top_k, "min_p": config.min_p},
+            kl=f"{name} (it reads logp_ref)" if coef is None else f"{name}'s kl_coef={coef}",
+            kl_off="kl_coef=0",
+            field=lambda field, value: f"LearnerConfig.{field}={value!r}")
         self.mesh = make_mesh(config.mesh, devices)
         self.tx = make_optimizer(config.optimizer)
         self.state, self.shardings = create_train_state(module_fn, self.tx, self.mesh, config.seed,
@@ -184,7 +135,7 @@ class Learner:
         # the embedding's rows: token ids at or above would embed as NaN (check_token_ids)
         self.vocab_size = getattr(getattr(nnx.eval_shape(module_fn), "config", None),
                                   "vocab_size", None)
-        kw = dict(chunk_size=config.chunk_size, temperature=config.temperature,
+        kw = dict(chunk_size=config.logprob_chunk, temperature=config.temperature,
                   top_k=config.top_k, top_p=config.top_p, min_p=config.min_p)
         schedule = make_schedule(config.optimizer)
         self.objective = objective
@@ -192,8 +143,8 @@ class Learner:
         if objective is not None:
             self.rl_step = make_train_step(
                 "rl", self.tx, self.shardings, self.mesh, objective=objective,
-                lr_schedule=schedule, num_minibatches=config.num_minibatches,
-                num_epochs=config.num_epochs, **kw,
+                lr_schedule=schedule, num_minibatches=config.minibatches,
+                num_epochs=config.epochs, **kw,
             )
         self.sft_step = make_train_step("sft", self.tx, self.shardings, self.mesh,
                                         lr_schedule=schedule, **kw)
@@ -209,7 +160,7 @@ class Learner:
         self.checkpoint = checkpoint
         self.logger = MetricsLogger(logdir) if logdir is not None else None
         self.deferred = DeferredMetrics()
-        self.guard = NonFiniteGuard(config.max_consecutive_nonfinite)
+        self.guard = NonFiniteGuard(config.max_bad_steps)
 
     @property
     def version(self) -> int:
@@ -251,13 +202,13 @@ class Learner:
 
     def _device_batch(self, trajectories: Sequence[Trajectory], advantages,
                       minibatches: int = 1) -> tuple[Any, dict]:
-        """Host batch (`make_batch`: ``minibatches`` mini-batches of ``num_microbatches``
+        """Host batch (`make_batch`: ``minibatches`` mini-batches of ``microbatches``
         microbatches) placed on the mesh, without extra log-prob passes."""
         c = self.config
         check_token_ids(trajectories, self.vocab_size)
         host, stats = make_batch(
             trajectories, advantages, pad_id=c.pad_id, num_minibatches=minibatches,
-            num_microbatches=c.num_microbatches, row_multiple=local_row_shards(self.mesh),
+            num_microbatches=c.microbatches, row_multiple=local_row_shards(self.mesh),
             min_length=c.min_length, max_length=c.max_length,
             length=common_length(trajectories, min_length=c.min_length, max_length=c.max_length),
             drop_nonfinite_entropy=self.reads_entropy_mu,
@@ -274,7 +225,7 @@ class Learner:
             reference was set.
         """
         check_behavior(trajectories, self.config)
-        batch, stats = self._device_batch(trajectories, advantages, self.config.num_minibatches)
+        batch, stats = self._device_batch(trajectories, advantages, self.config.minibatches)
         if self.needs_prox:
             batch = batch.replace(logp_prox=self.logprob_fn(self.state.params, self.state.other, batch)[0])
         if self.needs_ref:
@@ -334,7 +285,7 @@ class Learner:
         return host
 
     def train_on(self, trajectories: Sequence[Trajectory], advantages) -> dict[str, float] | None:
-        """Train on one rollout batch (``num_minibatches x num_epochs`` optimizer updates;
+        """Train on one rollout batch (``minibatches x epochs`` optimizer updates;
         ``version`` advances by one if any was applied). Returns the *previous* call's host
         metrics (None on the first); the per-update metrics of this call stay on device in
         ``last_update_metrics`` (``[K]`` arrays)."""

@@ -1,5 +1,6 @@
 """Metrics logging: tensorboardX scalars/histograms + a JSONL file, process 0 only; optionally
-also Weights & Biases (`learners.wandb_logger`), with the same metric names (`make_logger`).
+also Weights & Biases (`learners.wandb_logger`, which also holds `LoggingConfig`, the run's
+choice of backends), with the same metric names (`make_logger`).
 
 `DeferredMetrics` implements "fetch step n-1's metrics to the host after dispatching step
 n" (``docs/design.md``, "Jit and sharding"): the device arrays of a step are
@@ -9,52 +10,19 @@ between steps.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Mapping
 
 import jax
 import numpy as np
 
 from learners.step import HISTOGRAM_EDGES
+from learners.wandb_logger import LoggingConfig, WandbLogger, import_wandb
 
 __all__ = ["DeferredMetrics", "LoggingConfig", "Loggers", "MetricsLogger", "make_logger"]
-
-
-@dataclasses.dataclass(frozen=True)
-class LoggingConfig:
-    """Where step metrics go besides ``metrics.jsonl``: TensorBoard always (``<run_dir>/tb``);
-    Weights & Biases when ``wandb`` is true. Nothing here can change a run's results.
-
-    Attributes:
-      wandb: also log to W&B (``pip install -e '.[wandb]'``); same metric names as
-        TensorBoard, step = learner step, the run's URL or offline path is recorded in
-        ``<run_dir>/wandb.json``.
-      wandb_project: W&B project.
-      wandb_entity: W&B team or user; empty = the logged-in account's default.
-      wandb_group: W&B run group (e.g. a sweep's name); empty = none.
-      wandb_mode: ``online`` (upload while running) or ``offline`` (write files only;
-        upload later with ``wandb sync <path>``, path in ``wandb.json``). Offline makes no
-        network calls.
-      wandb_dir: where W&B writes its files; empty = the run directory (``<run_dir>/wandb``).
-    """
-
-    wandb: bool = False
-    wandb_project: str = "entr-jax"
-    wandb_entity: str = ""
-    wandb_group: str = ""
-    wandb_mode: Literal["online", "offline"] = "online"
-    wandb_dir: str = ""
-
-    def __post_init__(self):
-        if self.wandb_mode not in ("online", "offline"):
-            raise ValueError(
-                f"logging.wandb_mode must be 'online' or 'offline', got {self.wandb_mode!r}")
-        if not self.wandb_project.strip():
-            raise ValueError("logging.wandb_project must be a non-empty name")
 
 
 class DeferredMetrics:
@@ -236,8 +204,6 @@ def make_logger(logdir: str | Path, config: LoggingConfig, *, run_dir: str | Pat
     """
     if not config.wandb:
         return MetricsLogger(logdir, enabled=enabled, jsonl=jsonl, purge_step=purge_step)
-    from learners.wandb_logger import WandbLogger, import_wandb
-
     import_wandb()  # fail before creating any file
     tensorboard = MetricsLogger(logdir, enabled=enabled, jsonl=jsonl, purge_step=purge_step)
     return Loggers(tensorboard, WandbLogger(run_dir, config, name=name, resume=resume,

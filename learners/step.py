@@ -53,7 +53,7 @@ from jax.sharding import Mesh
 
 from entr_jax.logprobs import token_logprobs_entropy
 from entr_jax.sharding import batch_sharding, replicated
-from entr_jax.types import BATCH_ROW_FIELDS, Batch
+from entr_jax.types import BATCH_ROW_FIELDS, Batch, ObjectiveInput
 from learners.accumulate import accumulate
 from entr_jax.objectives.pooling import METRIC_POOLING
 from learners.diagnostics import HISTOGRAM_EDGES, finalize, reduce_over_steps, token_sums
@@ -83,7 +83,7 @@ class Step:
         return self.traces[0]
 
 
-def _sft_loss(logp_pi: jax.Array, batch: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
+def _sft_loss(logp_pi: jax.Array, batch: ObjectiveInput) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Token cross-entropy ``-sum_{t in loss_mask} logp_pi[t] / num_loss_tokens`` (the
     optimizer batch's loss tokens, floored at 1); metric ``loss/normaliser``: that count,
     the weight that pools ``loss`` over updates."""
@@ -129,11 +129,11 @@ def make_train_step(
     """Compile ``step(state, batch) -> (state, metrics, step_metrics)`` for RL or SFT.
 
     Args:
-      kind: ``"rl"``: ``loss, metrics = objective(logp_pi, view)`` per microbatch, where
-        the view exposes the `Batch` fields of one microbatch, the optimizer batch's
-        normalisers (``num_loss_tokens``, ``num_sequences``) and statistics
-        (``batch_stats``), and ``entropy_pi`` (detached entropy of pi, for
-        ``entropy_source="current_full"``). ``"sft"``: token cross-entropy on loss tokens,
+      kind: ``"rl"``: ``loss, metrics = objective(logp_pi, inputs)`` per microbatch, where
+        ``inputs`` (`entr_jax.types.ObjectiveInput`, `learners.accumulate.view`) holds the
+        per-token fields of one microbatch, the optimizer batch's normalisers
+        (``num_loss_tokens``, ``num_sequences``) and statistics (``batch_stats``), and
+        ``entropy_pi`` (detached entropy of pi, for ``entropy_source="current_full"``). ``"sft"``: token cross-entropy on loss tokens,
         ``-sum logp_pi / num_loss_tokens``.
       tx: the optax transformation (`learners.optim.make_optimizer`).
       state_shardings: `learners.state.train_state_shardings` of the state (built once).

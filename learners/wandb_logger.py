@@ -17,18 +17,51 @@ keep the values of the interrupted run (identical in the deterministic modes).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 import jax
 import numpy as np
 
-from learners.logging import LoggingConfig
 from learners.step import HISTOGRAM_EDGES
 
 RECORD = "wandb.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingConfig:
+    """Where step metrics go besides ``metrics.jsonl``: TensorBoard always (``<run_dir>/tb``);
+    Weights & Biases when ``wandb`` is true. Nothing here can change a run's results.
+
+    Attributes:
+      wandb: also log to W&B (``pip install -e '.[wandb]'``); same metric names as
+        TensorBoard, step = learner step, the run's URL or offline path is recorded in
+        ``<run_dir>/wandb.json``.
+      wandb_project: W&B project.
+      wandb_entity: W&B team or user; empty = the logged-in account's default.
+      wandb_group: W&B run group (e.g. a sweep's name); empty = none.
+      wandb_mode: ``online`` (upload while running) or ``offline`` (write files only;
+        upload later with ``wandb sync <path>``, path in ``wandb.json``). Offline makes no
+        network calls.
+      wandb_dir: where W&B writes its files; empty = the run directory (``<run_dir>/wandb``).
+    """
+
+    wandb: bool = False
+    wandb_project: str = "entr-jax"
+    wandb_entity: str = ""
+    wandb_group: str = ""
+    wandb_mode: Literal["online", "offline"] = "online"
+    wandb_dir: str = ""
+
+    def __post_init__(self):
+        if self.wandb_mode not in ("online", "offline"):
+            raise ValueError(
+                f"logging.wandb_mode must be 'online' or 'offline', got {self.wandb_mode!r}")
+        if not self.wandb_project.strip():
+            raise ValueError("logging.wandb_project must be a non-empty name")
 
 
 def import_wandb():

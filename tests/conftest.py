@@ -96,3 +96,61 @@ def data_dir(tmp_path, monkeypatch):
     (root / "gsm8k").mkdir(parents=True)
     monkeypatch.setenv("ENTR_DATA_DIR", str(root))
     return root
+
+
+def _random_trajectories(n, seed=0, *, vocab=24, prompt_len=(1, 5), response_len=(1, 9),
+                         scale=3.0, version=None, versions=3, keep=0.8):
+    """``n`` random trajectories and ``[n] f32`` advantages, all drawn from
+    ``np.random.default_rng(seed)`` in a fixed order (per trajectory: prompt length,
+    response length, prompt ids, response ids, ``logp_mu``, ``entropy_mu``, then the drawn
+    fields below; the advantages last), so a seed names one batch.
+
+    Args:
+      vocab: token ids are drawn from ``[0, vocab)``.
+      prompt_len, response_len: ``[low, high)`` of the lengths.
+      scale: ``logp_mu = -scale * U - 0.5``, ``entropy_mu = scale * U`` (``U ~ [0, 1)``).
+      version: every token's ``token_version`` (nothing drawn), or None: drawn from
+        ``[0, versions)``.
+      keep: ``loss_mask`` true with this probability (drawn), or None: all true.
+    """
+    import numpy as np
+
+    from entr_jax.types import Trajectory
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        p, r = int(rng.integers(*prompt_len)), int(rng.integers(*response_len))
+        prompt = rng.integers(0, vocab, p).astype(np.int32)
+        response = rng.integers(0, vocab, r).astype(np.int32)
+        logp_mu = (-scale * rng.random(r) - 0.5).astype(np.float32)
+        entropy_mu = (scale * rng.random(r)).astype(np.float32)
+        token_version = (rng.integers(0, versions, r).astype(np.int32) if version is None
+                         else np.full(r, version, np.int32))
+        loss_mask = np.ones(r, bool) if keep is None else rng.random(r) < keep
+        out.append(Trajectory(prompt_ids=prompt, response_ids=response, logp_mu=logp_mu,
+                              entropy_mu=entropy_mu, token_version=token_version,
+                              loss_mask=loss_mask))
+    return out, rng.normal(size=n).astype(np.float32)
+
+
+@pytest.fixture(scope="session")
+def random_trajectories():
+    """``make(n, seed=0, **kw) -> (trajectories, advantages)``: random episodes for the
+    tiny policy's vocabulary of 24 (`_random_trajectories` documents the knobs)."""
+    return _random_trajectories
+
+
+@pytest.fixture(scope="session")
+def tiny_policy():
+    """``module_fn() -> Decoder``: a one-layer Qwen2-shaped policy (vocabulary 24, hidden
+    16, two heads sharing one KV head, biases on q/k/v) initialised from ``nnx.Rngs(0)``;
+    every call builds the same weights."""
+    from flax import nnx
+
+    from entr_jax.model import Decoder, ModelConfig
+
+    cfg = ModelConfig(architecture="qwen2", vocab_size=24, hidden_size=16,
+                      intermediate_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                      head_dim=8, attention_bias=True)
+    return lambda: Decoder(cfg, rngs=nnx.Rngs(0))

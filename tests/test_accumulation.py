@@ -181,3 +181,30 @@ def test_full_table_all_ratios_are_one():
             assert r.loss_ratio[m] == pytest.approx(1.0, rel=1e-4), (r.name, r.aggregation, m)
             assert r.grad_norm_ratio[m] == pytest.approx(1.0, rel=1e-4), (r.name, r.aggregation, m)
         assert r.max_metric_diff < 1e-4, (r.name, r.aggregation)
+
+
+def test_the_objective_reads_a_frozen_typed_input_with_the_batch_values(case):
+    """`view` builds an `ObjectiveInput` (not a getattr convention): frozen, carrying the
+    batch's per-token fields and the optimizer batch's normalisers; an objective gives the
+    same loss and metrics, bit for bit, as on the `Batch` itself (which counts them)."""
+    import dataclasses
+
+    from entr_jax.types import ObjectiveInput
+
+    _, batch = case
+    flat = _flat_batch(batch)
+    entropy = jnp.full(flat.loss_mask.shape, 0.5, jnp.float32)
+    inputs = view(flat, normalisers(flat.loss_mask), entropy, None)
+    assert isinstance(inputs, ObjectiveInput)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        inputs.logp_mu = flat.logp_mu
+    assert float(inputs.num_loss_tokens) == float(np.sum(flat.loss_mask))
+    assert inputs.entropy_pi is entropy and inputs.batch_stats is None
+    logp = flat.logp_mu + 0.1 * jnp.cos(jnp.arange(flat.logp_mu.size, dtype=jnp.float32)
+                                         ).reshape(flat.logp_mu.shape)
+    f = obj.make_objective("entr")
+    loss, metrics = f(logp, inputs)
+    loss_b, metrics_b = f(logp, flat)
+    assert np.asarray(loss).tobytes() == np.asarray(loss_b).tobytes() and abs(float(loss)) > 0
+    assert {k: np.asarray(v).tobytes() for k, v in metrics.items()} == \
+        {k: np.asarray(v).tobytes() for k, v in metrics_b.items()}

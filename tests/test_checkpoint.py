@@ -11,7 +11,6 @@ from flax import nnx
 from entr_jax.model import Decoder, ModelConfig
 from entr_jax.objectives import make_objective
 from entr_jax.sharding import MeshConfig
-from entr_jax.types import Trajectory
 from learners.checkpoint import (CheckpointFallbackWarning, CheckpointManager,
                                   CheckpointRestoreError)
 from learners.learner import Learner, LearnerConfig, NonFiniteError
@@ -24,22 +23,11 @@ CFG = ModelConfig(
 )
 
 
-def _batches(k, n=8):
-    rng = np.random.default_rng(k)
-    trajs = []
-    for _ in range(n):
-        p, r = int(rng.integers(1, 4)), int(rng.integers(1, 6))
-        trajs.append(Trajectory(
-            prompt_ids=rng.integers(0, 24, p).astype(np.int32),
-            response_ids=rng.integers(0, 24, r).astype(np.int32),
-            logp_mu=(-2.0 * rng.random(r) - 0.5).astype(np.float32),
-            entropy_mu=(2.0 * rng.random(r)).astype(np.float32),
-            token_version=np.full(r, k, np.int32), loss_mask=np.ones(r, bool),
-        ))
-    return trajs, rng.normal(size=n).astype(np.float32)
-
-
-BATCHES = [_batches(k) for k in range(4)]
+@pytest.fixture(scope="module")
+def batches(random_trajectories):
+    """Four rollout batches of 8 episodes, batch k drawn with seed k at version k."""
+    return [random_trajectories(8, k, prompt_len=(1, 4), response_len=(1, 6), scale=2.0,
+                                version=k, keep=None) for k in range(4)]
 
 
 @pytest.fixture
@@ -49,7 +37,7 @@ def learner(tmp_path):
     root = tmp_path / "learner"
     config = LearnerConfig(
         mesh=MeshConfig(data=2, fsdp=4), optimizer=OptimizerConfig(learning_rate=1e-2, warmup_steps=1),
-        num_microbatches=2, chunk_size=8, max_consecutive_nonfinite=2,
+        microbatches=2, logprob_chunk=8, max_bad_steps=2,
     )
     ckpt = CheckpointManager(root / "ckpt", max_to_keep=2)
     lrn = Learner(lambda: Decoder(CFG, rngs=nnx.Rngs(0)), config,
@@ -64,12 +52,12 @@ def _run(lrn, batches):
     return [m for m in out if m is not None]
 
 
-def test_resume_is_bitwise_identical(learner):
+def test_resume_is_bitwise_identical(learner, batches):
     lrn, root = learner
-    first = _run(lrn, BATCHES[:2])
+    first = _run(lrn, batches[:2])
     assert lrn.save(data_state={"epoch": 0, "index": 2}, queue_state={"pending": []},
                     config={"lr": 1e-2})
-    rest = _run(lrn, BATCHES[2:])
+    rest = _run(lrn, batches[2:])
     params_uninterrupted = jax.device_get(lrn.state.params)
     assert int(lrn.state.version) == 4
 
@@ -78,7 +66,7 @@ def test_resume_is_bitwise_identical(learner):
     assert int(lrn.state.step) == 2 and int(lrn.state.version) == 2
     emb = lrn.state.params["embed_tokens"]["embedding"].get_value()
     assert emb.sharding == lrn.shardings.params["embed_tokens"]["embedding"].get_value()
-    resumed = _run(lrn, BATCHES[2:])
+    resumed = _run(lrn, batches[2:])
     for a, b in zip(jax.tree.leaves(params_uninterrupted), jax.tree.leaves(lrn.state.params)):
         np.testing.assert_array_equal(a, b)
     for a, b in zip(rest, resumed):
@@ -91,11 +79,11 @@ def test_resume_is_bitwise_identical(learner):
     assert lrn.rl_step.num_traces == 1
 
 
-def test_corrupt_newest_falls_back_and_keep_last_n(learner):
+def test_corrupt_newest_falls_back_and_keep_last_n(learner, batches):
     lrn, root = learner
     ckpt = lrn.checkpoint
     for k in range(3):  # steps 1, 2, 3 saved; max_to_keep=2 keeps 2 and 3
-        _run(lrn, BATCHES[k:k + 1])
+        _run(lrn, batches[k:k + 1])
         lrn.save(data_state={"k": k})
         ckpt.wait()
     assert ckpt.all_steps() == [2, 3]
@@ -123,17 +111,17 @@ def test_corrupt_newest_falls_back_and_keep_last_n(learner):
     # the unrestorable step is kept aside, so orbax can save step 3 again
     assert (root / "ckpt_unrestorable" / "3" / "params").is_dir()
     assert ckpt.all_steps() == [2]
-    _run(lrn, BATCHES[2:3])
+    _run(lrn, batches[2:3])
     assert lrn.save(data_state={"k": 2})
     ckpt.wait()
     assert ckpt.all_steps() == [2, 3]
     shutil.rmtree(root / "ckpt" / "4.orbax-checkpoint-tmp-123")
 
 
-def test_no_restorable_checkpoint_is_one_line_naming_the_log(learner, tmp_path):
+def test_no_restorable_checkpoint_is_one_line_naming_the_log(learner, tmp_path, batches):
     lrn, root = learner
     for k in range(2):  # steps 1 and 2 saved
-        _run(lrn, BATCHES[k:k + 1])
+        _run(lrn, batches[k:k + 1])
         assert lrn.save(data_state={"k": k})
     lrn.checkpoint.wait()
     shutil.copytree(root / "ckpt", tmp_path / "ckpt")
@@ -154,9 +142,9 @@ def test_no_restorable_checkpoint_is_one_line_naming_the_log(learner, tmp_path):
     mgr.close()
 
 
-def test_learner_stops_after_consecutive_nonfinite(learner):
+def test_learner_stops_after_consecutive_nonfinite(learner, batches):
     lrn, _ = learner
-    trajs, _ = BATCHES[0]
+    trajs, _ = batches[0]
     # make_batch rejects non-finite advantages; finite but huge ones overflow the loss
     bad = [(trajs, np.full(len(trajs), 1e38, np.float32))] * 3
     version = int(lrn.state.version)

@@ -206,8 +206,8 @@ def test_every_compared_method_computes_something_of_its_own(path):
     import jax.numpy as jnp
     import numpy as np
 
+    from entr_jax.types import ObjectiveInput
     from experiments.objective import build_objective
-    from tests.test_objectives import ns
 
     spec = sweep.load_spec(path)
     points = dict(comparison.method_points(spec))
@@ -215,15 +215,16 @@ def test_every_compared_method_computes_something_of_its_own(path):
     rng = np.random.default_rng(0)
     logp_pi = jnp.asarray(-rng.uniform(0.05, 3.0, (4, 16)), jnp.float32)
     logp_mu = logp_pi + jnp.asarray(rng.normal(0.0, 0.7, (4, 16)), jnp.float32)
-    batch = ns(logp_mu, np.repeat([[1.0], [-1.0], [0.5], [-0.5]], 16, axis=1),
-               entropy_mu=jnp.asarray(rng.uniform(0.05, 3.0, (4, 16)), jnp.float32),
-               logp_prox=logp_pi, num_loss_tokens=jnp.float32(64))
+    batch = ObjectiveInput(
+        loss_mask=jnp.ones((4, 16), bool),
+        advantages=jnp.asarray(np.repeat([[1.0], [-1.0], [0.5], [-0.5]], 16, axis=1), jnp.float32),
+        logp_mu=logp_mu, entropy_mu=jnp.asarray(rng.uniform(0.05, 3.0, (4, 16)), jnp.float32),
+        logp_prox=logp_pi, num_loss_tokens=jnp.float32(64))
 
     def value_grad(label):
         f = build_objective(comparison.resolve(spec["preset"], points[f"method={label}"]))
-        stats = f.batch_stats(logp_pi, batch) if f.batch_stats is not None else {}
-        b = ns(batch.logp_mu, batch.advantages, entropy_mu=batch.entropy_mu,
-               logp_prox=batch.logp_prox, num_loss_tokens=batch.num_loss_tokens, **stats)
+        b = batch if f.batch_stats is None else batch.replace(
+            batch_stats=f.batch_stats(logp_pi, batch))
         (loss, _), g = jax.value_and_grad(lambda x: f(x, b), has_aux=True)(logp_pi)
         return float(loss), np.asarray(g)
 

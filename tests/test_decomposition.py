@@ -44,7 +44,7 @@ def test_a_planted_mismatch_of_known_size_is_recovered(small_model_dir):
     model = from_pretrained(small_model_dir)
     learner = Learner(lambda: from_pretrained(small_model_dir),
                       LearnerConfig(optimizer=OptimizerConfig(learning_rate=1e-3), pad_id=3,
-                                    chunk_size=8))
+                                    logprob_chunk=8))
     w0 = learner.published_weights()
     w1 = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(1), x.shape, x.dtype), w0)
     ring = ParamRing(2)
@@ -81,7 +81,7 @@ def test_a_planted_mismatch_of_known_size_is_recovered(small_model_dir):
 
 def test_tokens_of_a_version_outside_the_batch_plan_are_refused(small_model_dir):
     learner = Learner(lambda: from_pretrained(small_model_dir),
-                      LearnerConfig(optimizer=OptimizerConfig(), pad_id=3, chunk_size=8))
+                      LearnerConfig(optimizer=OptimizerConfig(), pad_id=3, logprob_chunk=8))
     ring = ParamRing(1)
     ring.push(0, learner.published_weights())
     t = Trajectory(prompt_ids=np.array([5], np.int32), response_ids=np.array([6, 7], np.int32),

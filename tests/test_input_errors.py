@@ -36,6 +36,7 @@ PARSE_CASES = [
     (["--sft.schedule", "cosine", "--sft.steps", "20", "--sft.warmup_steps", "20"],
      "sft.steps must be > sft.warmup_steps (20) with sft.schedule 'cosine', got 20"),
     (["--sampler.min_prompt_bucket", "0"], "sampler.min_prompt_bucket must be >= 1, got 0"),
+    (["--learner.logprob_chunk", "0"], "learner.logprob_chunk must be >= 1, got 0"),
     (["--optim.warmup_steps", "-1"],
      "Error parsing optim: OptimizerConfig.warmup_steps must be >= 0, got -1"),
     (["--staleness.mode", "sync", "--staleness.inter_lag", "5"],

@@ -11,10 +11,8 @@ import pytest
 from flax import nnx
 
 from entr_jax.logprobs import token_logprobs_entropy
-from entr_jax.model import Decoder, ModelConfig
 from entr_jax.objectives import make_objective
 from entr_jax.sharding import MeshConfig, make_mesh
-from entr_jax.types import Trajectory
 from learners.batching import make_batch
 from learners.distributed import shard_batch
 from learners.learner import NonFiniteError, NonFiniteGuard
@@ -22,45 +20,24 @@ from learners.state import create_train_state
 from learners.step import HISTOGRAM_EDGES, make_logprob_fn, make_train_step
 
 TOL = 1e-5  # f32 ops
-CFG = ModelConfig(
-    architecture="qwen2", vocab_size=24, hidden_size=16, intermediate_size=32, num_layers=1,
-    num_heads=2, num_kv_heads=1, head_dim=8, attention_bias=True,
-)
 LR = 0.5  # SGD: new params = params - LR * grads, so parameters reveal the gradients
-
-
-def _module():
-    return Decoder(CFG, rngs=nnx.Rngs(0))
-
-
-def _trajectories(n=32, seed=0):
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n):
-        p, r = int(rng.integers(1, 5)), int(rng.integers(1, 9))
-        out.append(Trajectory(
-            prompt_ids=rng.integers(0, 24, p).astype(np.int32),
-            response_ids=rng.integers(0, 24, r).astype(np.int32),
-            logp_mu=(-3.0 * rng.random(r) - 0.5).astype(np.float32),
-            entropy_mu=(3.0 * rng.random(r)).astype(np.float32),
-            token_version=rng.integers(0, 3, r).astype(np.int32),
-            loss_mask=rng.random(r) < 0.8,
-        ))
-    return out, rng.normal(size=n).astype(np.float32)
-
-
-TRAJS, ADV = _trajectories()
 # GRPO's seq_mean_token_mean: with per-microbatch row counts (the first build) M = 4 gave
 # 4x the loss and gradient, so the microbatch parity below pins the optimizer-batch
 # normalisers at model level.
 OBJECTIVE = make_objective("grpo")
 
 
-def _run(mesh_cfg, n_micro, devices, steps=2):
+@pytest.fixture(scope="module")
+def data(random_trajectories):
+    """32 episodes and their advantages (seed 0)."""
+    return random_trajectories(32)
+
+
+def _run(module_fn, data, mesh_cfg, n_micro, devices, steps=2):
     mesh = make_mesh(mesh_cfg, devices)
     tx = optax.sgd(LR)
-    state, shardings = create_train_state(_module, tx, mesh)
-    host, _ = make_batch(TRAJS, ADV, pad_id=0, num_microbatches=n_micro, min_length=16)
+    state, shardings = create_train_state(module_fn, tx, mesh)
+    host, _ = make_batch(*data, pad_id=0, num_microbatches=n_micro, min_length=16)
     step = make_train_step("rl", tx, shardings, mesh, objective=OBJECTIVE, chunk_size=8)
     params0 = jax.device_get(state.params)
     history, params1 = [], None
@@ -74,18 +51,18 @@ def _run(mesh_cfg, n_micro, devices, steps=2):
 
 
 @pytest.fixture(scope="module")
-def single():
-    return _run(MeshConfig(1, 1, 1), 1, jax.devices()[:1])
+def single(tiny_policy, data):
+    return _run(tiny_policy, data, MeshConfig(1, 1, 1), 1, jax.devices()[:1])
 
 
 @pytest.fixture(scope="module")
-def data2_fsdp4():
-    return _run(MeshConfig(2, 4, 1), 1, None)
+def data2_fsdp4(tiny_policy, data):
+    return _run(tiny_policy, data, MeshConfig(2, 4, 1), 1, None)
 
 
 @pytest.fixture(scope="module")
-def fsdp8_micro4():
-    return _run(MeshConfig(1, 8, 1), 4, None)
+def fsdp8_micro4(tiny_policy, data):
+    return _run(tiny_policy, data, MeshConfig(1, 8, 1), 4, None)
 
 
 def _leaves(tree):
@@ -108,15 +85,15 @@ def test_sharded_and_microbatched_match_single_device(single, other, request):
     # the parameters really are sharded across the 8 devices
     emb = res["state"].params["embed_tokens"]["embedding"].get_value()
     assert len(emb.sharding.device_set) == 8
-    assert emb.addressable_shards[0].data.shape[1] < CFG.hidden_size
+    assert emb.addressable_shards[0].data.shape[1] < 16  # the tiny policy's hidden size
 
 
-def test_first_step_gradients_match_jax_grad(fsdp8_micro4):
+def test_first_step_gradients_match_jax_grad(fsdp8_micro4, tiny_policy, data):
     # SGD: (params0 - params1) / LR is exactly the accumulated gradient of the step
     res = fsdp8_micro4
     grads = jax.tree.map(lambda p0, p1: (p0 - p1) / LR, res["params0"], res["params1"])
-    graphdef, params, other = nnx.split(_module(), nnx.Param, ...)
-    host, _ = make_batch(TRAJS, ADV, pad_id=0, num_microbatches=1, min_length=16)
+    graphdef, params, other = nnx.split(tiny_policy(), nnx.Param, ...)
+    host, _ = make_batch(*data, pad_id=0, num_microbatches=1, min_length=16)
     flat = host.replace(**{k: jnp.asarray(getattr(host, k)[0]) for k in (
         "tokens", "attention_mask", "loss_mask", "advantages", "logp_mu", "entropy_mu",
         "token_version")}, num_loss_tokens=jnp.float32(host.num_loss_tokens))
@@ -141,9 +118,9 @@ def test_not_retraced(single, fsdp8_micro4):
         assert res["step"].fn._cache_size() == 1
 
 
-def test_metrics_values(single):
+def test_metrics_values(single, data):
     m = single["metrics"][0]
-    host, stats = make_batch(TRAJS, ADV, pad_id=0, min_length=16)
+    host, stats = make_batch(*data, pad_id=0, min_length=16)
     mask = host.loss_mask[0]
     assert m["tokens/num_loss_tokens"] == stats["batch/num_loss_tokens"] == mask.sum()
     staleness = 0 - host.token_version[0][mask]  # version 0 before the first step
@@ -157,9 +134,9 @@ def test_metrics_values(single):
     assert np.isfinite(m["loss"]) and m["train/update_norm"] > 0
 
 
-def test_nonfinite_update_is_skipped(single):
+def test_nonfinite_update_is_skipped(single, data):
     state, step, mesh = single["state"], single["step"], single["mesh"]
-    host, _ = make_batch(TRAJS, ADV, pad_id=0, min_length=16)
+    host, _ = make_batch(*data, pad_id=0, min_length=16)
     bad = host.replace(advantages=np.where(host.loss_mask, np.nan, 0.0).astype(np.float32))
     before = jax.device_get(state.params)
     version, count = int(state.version), int(state.step)
@@ -192,28 +169,29 @@ def test_guard_stops_after_n_consecutive():
     ({"top_p": 0.9}, "LearnerConfig.top_p=0.9"),
     ({"top_k": 5, "min_p": 0.1}, "LearnerConfig.top_k=5, LearnerConfig.min_p=0.1"),
 ])
-def test_kl_to_the_reference_is_refused_under_sampling_filters(filters, named):
+def test_kl_to_the_reference_is_refused_under_sampling_filters(filters, named, tiny_policy):
     # logp_ref would be the reference's filtered log-prob: -1e4 on sampled tokens outside its
     # kept set, where k3 = exp(-20) + 20 - 1 = 19.0 is a constant without gradient.
     from learners.learner import Learner, LearnerConfig
 
     kl = make_objective("grpo", kl_coef=0.04)
-    with pytest.raises(ValueError, match=r"grpo reads logp_ref .*kl_coef.*" + named.replace(".", r"\.")):
-        Learner(_module, LearnerConfig(mesh=MeshConfig(1, 1, 1), **filters), objective=kl,
+    with pytest.raises(ValueError, match=r"grpo's kl_coef=0\.04 \(a k3 KL penalty.*" + named.replace(".", r"\.")):
+        Learner(tiny_policy, LearnerConfig(mesh=MeshConfig(1, 1, 1), **filters), objective=kl,
                 devices=jax.devices()[:1])
 
 
 @pytest.mark.parametrize("where, bad", [("response_ids", 24), ("prompt_ids", -1)])
-def test_token_ids_outside_the_vocabulary_are_refused(where, bad):
+def test_token_ids_outside_the_vocabulary_are_refused(where, bad, tiny_policy,
+                                                      random_trajectories):
     """An id the embedding has no row for embeds as NaN: the step would be skipped as
     non-finite, silently; the learner refuses it, naming the trajectory and the id."""
     import dataclasses
 
     from learners.learner import Learner, LearnerConfig
 
-    learner = Learner(_module, LearnerConfig(mesh=MeshConfig(1, 1, 1)),
+    learner = Learner(tiny_policy, LearnerConfig(mesh=MeshConfig(1, 1, 1)),
                       objective=make_objective("grpo"), devices=jax.devices()[:1])
-    trajs, _ = _trajectories(4)
+    trajs, _ = random_trajectories(4)
     ids = getattr(trajs[2], where).copy()
     ids[-1] = bad
     trajs[2] = dataclasses.replace(trajs[2], **{where: ids})
@@ -224,10 +202,10 @@ def test_token_ids_outside_the_vocabulary_are_refused(where, bad):
             call()
 
 
-def test_sft_step_and_logprob_fn_on_sharded_mesh(data2_fsdp4):
+def test_sft_step_and_logprob_fn_on_sharded_mesh(data2_fsdp4, data):
     mesh, shardings = data2_fsdp4["mesh"], data2_fsdp4["shardings"]
     state = data2_fsdp4["state"]
-    host, _ = make_batch(TRAJS, ADV, pad_id=0, num_microbatches=2, min_length=16)
+    host, _ = make_batch(*data, pad_id=0, num_microbatches=2, min_length=16)
     batch = shard_batch(host, mesh)
     logprob = make_logprob_fn(shardings, mesh, chunk_size=8)
     logp, ent = logprob(state.params, state.other, batch)

@@ -1,7 +1,7 @@
 """PPO mini-batches and epochs (issue 11, item 3): several optimizer updates per rollout
 batch, ``logp_prox`` computed once before the first, one policy version per rollout batch,
 the optimizer's own counter for the schedule, and the documented reduction of the
-per-update metrics. Tiny real `Decoder` (the one of test_learner_step)."""
+per-update metrics. Tiny real `Decoder` (conftest's ``tiny_policy``)."""
 
 import jax
 import numpy as np
@@ -13,19 +13,18 @@ from entr_jax.sharding import MeshConfig
 from entr_jax.types import Trajectory
 from learners.learner import Learner, LearnerConfig
 from learners.optim import OptimizerConfig
-from tests.test_learner_step import _module, _trajectories
 
 N = 8
 
 
 def _config(minibatches: int, epochs: int) -> LearnerConfig:
-    return LearnerConfig(mesh=MeshConfig(1, 1, 1), num_minibatches=minibatches, num_epochs=epochs,
+    return LearnerConfig(mesh=MeshConfig(1, 1, 1), minibatches=minibatches, epochs=epochs,
                          optimizer=OptimizerConfig(learning_rate=0.05, max_grad_norm=None),
-                         chunk_size=8, min_length=16)
+                         logprob_chunk=8, min_length=16)
 
 
-def _learner(minibatches: int, epochs: int) -> Learner:
-    return Learner(_module, _config(minibatches, epochs), objective=make_objective("decoupled_ppo"),
+def _learner(module_fn, minibatches: int, epochs: int) -> Learner:
+    return Learner(module_fn, _config(minibatches, epochs), objective=make_objective("decoupled_ppo"),
                    devices=jax.devices()[:1])
 
 
@@ -43,12 +42,12 @@ def _off_policy(trajs, logp0, shift=2.0):
 
 
 @pytest.fixture(scope="module")
-def rounds():
+def rounds(tiny_policy, random_trajectories):
     """Learner A: 2 mini-batches x 2 epochs on 8 episodes. Learner B: one update on A's
     first mini-batch (episodes 0-3), i.e. A's weights after its first update."""
-    trajs, _ = _trajectories(N, seed=5)
+    trajs, _ = random_trajectories(N, seed=5)
     adv = np.array([1.0, -1.0, 0.5, -0.5, 1.5, -1.5, 1.0, -1.0], np.float32)
-    a = _learner(2, 2)
+    a = _learner(tiny_policy, 2, 2)
     logp0 = a.token_logprobs(trajs)["logp_pi"]
     trajs = _off_policy(trajs, logp0)
     prepared, _ = a.prepare(trajs, adv)
@@ -60,7 +59,7 @@ def rounds():
     count_1 = int(optax.tree_utils.tree_get_all_with_path(a.state.opt_state, "count")[0][1])
     version_1 = a.version
     round_metrics = a.flush()
-    b = _learner(1, 1)
+    b = _learner(tiny_policy, 1, 1)
     b.train_on(trajs[:4], adv[:4])
     logp1_second_half = b.token_logprobs(trajs[4:])
     return dict(trajs=trajs, adv=adv, a=a, logp0=logp0, prepared=prepared, calls=len(calls),
@@ -136,7 +135,8 @@ def test_round_metrics_are_the_documented_reduction(rounds):
     ("entr", {}),
     ("trm", {"aggregation": "seq_mean_token_mean", "threshold": 0.3}),
 ], ids=["entr", "trm_seq_mean"])
-def test_with_frozen_weights_the_k_update_record_is_the_one_update_record(name, kw):
+def test_with_frozen_weights_the_k_update_record_is_the_one_update_record(name, kw, tiny_policy,
+                                                                         random_trajectories):
     """SGD with learning rate 0: every update scores its tokens with the same weights, so
     the tokens of P = 2 mini-batches (x E = 2 epochs) are exactly those of one update on
     the whole rollout batch, and so must be the record: means pooled with their own
@@ -150,7 +150,7 @@ def test_with_frozen_weights_the_k_update_record_is_the_one_update_record(name, 
     from learners.state import create_train_state
     from learners.step import make_train_step
 
-    trajs, _ = _trajectories(N, seed=7)
+    trajs, _ = random_trajectories(N, seed=7)
     t0 = trajs[0]
     ent = t0.entropy_mu.copy()
     ent[0] = np.nan  # unknown behavior entropy: excluded from entropy_mu/mean, still a loss token
@@ -162,7 +162,7 @@ def test_with_frozen_weights_the_k_update_record_is_the_one_update_record(name, 
     tx = optax.sgd(0.0)
     records = {}
     for p, e in ((1, 1), (2, 1), (2, 2)):
-        state, shardings = create_train_state(_module, tx, mesh)
+        state, shardings = create_train_state(tiny_policy, tx, mesh)
         host, _ = make_batch(trajs, adv, pad_id=0, num_minibatches=p, min_length=16)
         step = make_train_step("rl", tx, shardings, mesh, objective=objective, chunk_size=8,
                                num_minibatches=p, num_epochs=e)

@@ -444,6 +444,23 @@ def test_registry_lists_every_method():
         assert f.config == cfg and f.name == name
 
 
+def test_make_objective_takes_a_built_config():
+    """A run's built ``objective.<name>`` section is used as given (no dict round trip);
+    the same objective as the overrides that build it, and refused with overrides or for
+    another method's class."""
+    cfg = obj.GrpoConfig(kl_coef=0.1, aggregation="token_mean")
+    f, g = obj.make_objective("grpo", cfg), obj.make_objective("grpo", kl_coef=0.1, aggregation="token_mean")
+    assert f.config is cfg and f.config == g.config and f.inputs == g.inputs == {"logp_ref"}
+    mu = jnp.log(jnp.array([[0.5, 0.25, 0.125]]))
+    b = ns(mu, [[1.0, -1.0, 1.0]], logp_ref=mu - 0.5)
+    assert np.asarray(f(mu + 0.1, b)[0]).tobytes() == np.asarray(g(mu + 0.1, b)[0]).tobytes()
+    assert obj.make_objective("estr", obj.EntrConfig(tau=0.5)).config.tau == 0.5
+    with pytest.raises(ValueError, match="config or overrides, not both"):
+        obj.make_objective("grpo", cfg, kl_coef=0.2)
+    with pytest.raises(ValueError, match="config must be GrpoConfig, got EntrConfig"):
+        obj.make_objective("grpo", obj.EntrConfig())
+
+
 def test_paper_default_aggregations():
     agg = {n: c().aggregation for n, (_, c) in obj.OBJECTIVES.items()}
     assert agg["entr"] == "token_mean" and agg["grpo"] == "seq_mean_token_mean"

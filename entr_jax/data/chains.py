@@ -25,12 +25,10 @@ that also occur in the training set are dropped.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
-from entr_jax.data.sources import reasoning_gym_source
+from entr_jax.data.procedural import Example, reasoning_gym_source
 from entr_jax.data.templates import PromptTemplate
-
-Example = dict[str, Any]
 
 # reasoning-gym seeds item i of a dataset with Random(seed + i): the held-out seed is far
 # above any training size, so the two splits never share a generator seed.

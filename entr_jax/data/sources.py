@@ -24,11 +24,12 @@ import pathlib
 import re
 from typing import Any, Callable
 
+from entr_jax.data.chains import chain_sum_source
 from entr_jax.data.files import locate
+from entr_jax.data.procedural import Example, reasoning_gym_source
 from entr_jax.file_errors import BadFileError
 from entr_jax.tasks.arith import ArithLimits, ArithmeticError_, format_number, safe_eval
 
-Example = dict[str, Any]
 DataDir = str | os.PathLike | None
 """A data folder (``--data.dir``); None or empty: ``$ENTR_DATA_DIR``, then the other places."""
 
@@ -280,41 +281,6 @@ def gsm8k_arithmetic(
     return out
 
 
-# ---- reasoning-gym -------------------------------------------------------------------------
-
-
-def reasoning_gym_source(
-    task: str = "basic_arithmetic", size: int = 1000, seed: int = 0, **task_kwargs: Any
-) -> list[Example]:
-    """A procedural source from the ``reasoning-gym`` package (seeded; same seed, same data).
-
-    ``answer`` is reasoning-gym's answer string; the task's metadata is kept under
-    ``metadata`` (use reasoning-gym's own ``score_answer`` for non-numeric tasks).
-    """
-    if size < 1:
-        raise ValueError(f"reasoning_gym_source: size must be >= 1, got {size}")
-    import reasoning_gym
-
-    dataset = reasoning_gym.create_dataset(task, size=size, seed=seed, **task_kwargs)
-    return [
-        {
-            "id": f"rg/{task}/{seed}/{i}",
-            "question": entry["question"],
-            "answer": str(entry["answer"]),
-            "metadata": entry.get("metadata", {}),
-            "source": f"reasoning_gym/{task}",
-        }
-        for i, entry in enumerate(dataset)
-    ]
-
-
-def _chain_sum(**kwargs: Any) -> list[Example]:
-    """`entr_jax.data.chains.chain_sum_source` (imported lazily: it builds on this module)."""
-    from entr_jax.data.chains import chain_sum_source
-
-    return chain_sum_source(**kwargs)
-
-
 SOURCES: dict[str, Callable[..., list[Example]]] = {
     "gsm8k": load_gsm8k,
     "math500": load_math500,
@@ -322,7 +288,7 @@ SOURCES: dict[str, Callable[..., list[Example]]] = {
     "amc23": load_amc23,
     "gsm8k_arithmetic": gsm8k_arithmetic,
     "reasoning_gym": reasoning_gym_source,
-    "chain_sum": _chain_sum,
+    "chain_sum": chain_sum_source,
 }
 
 

@@ -9,8 +9,9 @@ frozen config dataclass; `OBJECTIVES` maps a method name to ``(fn, ConfigClass)`
     objective = make_objective("entr", tau=1.0, eps=0.01, clip_low=0.2, clip_high=0.28)
     loss, metrics = objective(logp_pi, batch)
 
-``logp_pi`` is ``[B, T]`` float (cast to f32); ``batch`` is read only through the
-attributes ``logp_mu``, ``entropy_mu``, ``logp_prox``, ``logp_ref``, ``advantages``,
+``logp_pi`` is ``[B, T]`` float (cast to f32); ``batch`` is an
+`entr_jax.types.ObjectiveInput` (the learner builds one per microbatch; shapes and dtypes
+in its docstring), read only through the attributes ``logp_mu``, ``entropy_mu``, ``logp_prox``, ``logp_ref``, ``advantages``,
 ``loss_mask``, the optimizer-batch normalisers ``num_loss_tokens`` and ``num_sequences``
 and ``batch_stats`` (plus ``entropy_pi`` for ENTR's ``current_full``), optional ones via
 ``getattr(batch, name, None)``. ``loss`` is a f32 scalar to minimise; ``metrics`` a flat
@@ -113,8 +114,10 @@ def make_config(name: str, **overrides: Any) -> ObjectiveConfig:
     return cls(**overrides)
 
 
-def make_objective(name: str, **overrides: Any) -> Objective:
-    """Returns ``objective(logp_pi, batch) -> (loss, metrics)`` for method ``name``.
+def make_objective(name: str, config: ObjectiveConfig | None = None, **overrides: Any) -> Objective:
+    """Returns ``objective(logp_pi, batch) -> (loss, metrics)`` for method ``name``, with
+    ``config`` (a built config of the method's class, e.g. a run's
+    ``objective.<name>`` section) or the defaults with ``overrides`` (`make_config`).
 
     The returned callable is pure and jit-compatible; the config is closed over (static)
     and exposed as ``objective.config``, the method name as ``objective.name``, the
@@ -123,9 +126,19 @@ def make_objective(name: str, **overrides: Any) -> Objective:
     the config) when ``config.uses_batch_stats()``, else None.
 
     Raises:
-      ValueError: see `make_config`.
+      ValueError: see `make_config`; ``config`` together with overrides; ``config`` not of
+        the method's config class.
     """
-    cfg = make_config(name, **overrides)
+    if config is None:
+        cfg = make_config(name, **overrides)
+    elif overrides:
+        raise ValueError(f"make_objective({name!r}): give a config or overrides, not both")
+    elif name not in OBJECTIVES or type(config) is not OBJECTIVES[name][1]:
+        want = OBJECTIVES[name][1].__name__ if name in OBJECTIVES else "a registry config"
+        raise ValueError(f"make_objective({name!r}): config must be {want}, "
+                         f"got {type(config).__name__}")
+    else:
+        cfg = config
     fn = OBJECTIVES[name][0]
 
     def objective(logp_pi: jax.Array, batch: Any):
