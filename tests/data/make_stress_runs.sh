@@ -30,12 +30,6 @@ rm -rf "$out"
 python -m experiments.sweep run experiments/sweeps/stress_methods.toml --out "$out" --workers 2 \
   "${slice[@]}" --set "model.path=$sft"
 for run in "$out"/*/; do
-  if [ ! -f "$run/summary.json" ]; then
-    echo "make_stress_runs.sh: $run did not finish; see its sweep.log" >&2
-    exit 1
-  fi
-  find "$run" -mindepth 1 -maxdepth 1 \
-    ! -name config.json ! -name metrics.jsonl ! -name timing.jsonl ! -name summary.json \
-    ! -name eval ! -name token_samples -exec rm -rf {} +
+  tests/data/trim_run.sh make_stress_runs.sh "$run"
 done
 du -sh "$out"

@@ -16,12 +16,6 @@ python -m experiments.study tune experiments/studies/stress_fp8.toml --out "$out
   "${slice[@]}"
 for run in "$out"/tune/*/*/; do
   [ "$(basename "$run")" = shared_eval ] && { rm -rf "$run"; continue; }
-  if [ ! -f "$run/summary.json" ]; then
-    echo "make_study_slice.sh: $run did not finish; see its sweep.log" >&2
-    exit 1
-  fi
-  find "$run" -mindepth 1 -maxdepth 1 \
-    ! -name config.json ! -name metrics.jsonl ! -name timing.jsonl ! -name summary.json \
-    ! -name eval ! -name token_samples -exec rm -rf {} +
+  tests/data/trim_run.sh make_study_slice.sh "$run"
 done
 du -sh "$out"
