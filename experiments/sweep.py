@@ -91,6 +91,7 @@ import tomllib
 from typing import Any
 
 from experiments import comparison
+from experiments.fields import LABEL_FIELDS, flatten
 from experiments.rundir import RunDir
 
 
@@ -253,7 +254,7 @@ def has_started(run: SweepRun) -> bool:
     return RunDir(run.run_dir).holds_run()
 
 
-REUSE_IGNORED = comparison.LABEL_FIELDS + ("logging",)  # labels, locations, where it logs
+REUSE_IGNORED = LABEL_FIELDS + ("logging",)  # labels, locations, where it logs
 
 
 def _identity(config: dict[str, Any]) -> dict[str, Any]:
@@ -262,7 +263,7 @@ def _identity(config: dict[str, Any]) -> dict[str, Any]:
     (`experiments.config.with_field_defaults`)."""
     from experiments.config import with_field_defaults
 
-    return {k: v for k, v in comparison.flatten(with_field_defaults(config)).items()
+    return {k: v for k, v in flatten(with_field_defaults(config)).items()
             if k.split(".")[0] not in REUSE_IGNORED}
 
 
@@ -403,6 +404,24 @@ def emit(spec: dict[str, Any], out_dir: str | pathlib.Path, only: str | None = N
     return [shlex.join(r.command(spec["preset"])) for r in select(expand(spec, out_dir), only)]
 
 
+def summary_report(out_dir: str | pathlib.Path) -> str | None:
+    """The per-method difference report of a comparison sweep directory (read from its
+    ``sweep_spec.json`` and each started run's ``config.json``), or None when the
+    directory holds no comparison sweep."""
+    out_dir = pathlib.Path(out_dir)
+    path = out_dir / "sweep_spec.json"
+    if not path.exists():
+        return None
+    spec = json.loads(path.read_text())
+    if "comparison" not in spec:
+        return None
+    runs = expand(spec, out_dir)
+    configs = {r.name: json.loads((r.run_dir / "config.json").read_text())
+               for r in runs if (r.run_dir / "config.json").exists()}
+    checks = comparison.check_runs(spec, [r for r in runs if r.name in configs] or runs, configs)
+    return comparison.format_report(checks)
+
+
 SUMMARY_COLUMNS = (
     "eval_accuracy_before",
     "eval_accuracy_after",
@@ -457,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cmd == "summarize":
         print(format_table(summarize(args.out)))
-        report = comparison.summary_report(args.out)
+        report = summary_report(args.out)
         if report:
             print(report)
         return 0
