@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         from experiments.compile_cache import enable
 
         enable()  # persistent compilation cache in the user cache (ENTR_JAX_CACHE=0: off)
-        from experiments.loop import Job
+        from experiments.job import Job
 
         job = Job(cfg, resume=opts.resume, resume_override=opts.resume_override)
         job.startup_s = time.perf_counter() - _STARTED

@@ -188,7 +188,7 @@ def test_both_checkpoints_damaged_is_one_line_and_loses_nothing(finished, model_
 ])
 def test_resume_without_a_checkpoint_says_it_starts_fresh(model_dir, tmp_path, capsys,
                                                           monkeypatch, written):
-    from experiments.loop import Job
+    from experiments.job import Job
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -27,7 +27,6 @@ with 95 % intervals, gate curves' key points) and, with ``--figures``, the figur
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import pathlib
 import sys
