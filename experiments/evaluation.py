@@ -41,7 +41,8 @@ class Evaluator:
     def __init__(self, cfg: RunConfig, run: RunDir, logger: Any, sampler: Any, learner: Any,
                  episodes: Episodes, share: mp.Share, clock: PhaseClock,
                  show_progress: bool = True):
-        self.cfg, self.run, self.logger, self.sampler, self.learner = cfg, run, logger, sampler, learner
+        self.cfg, self.run, self.logger = cfg, run, logger
+        self.sampler, self.learner = sampler, learner
         self.episodes, self.share, self.clock = episodes, share, clock
         self.show_progress = show_progress
 
