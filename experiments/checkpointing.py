@@ -6,9 +6,11 @@ data-iterator position and delay line (the rollout source's generated, not yet c
 batches), and the job's bookkeeping (``book``: next step, elapsed time, evaluations,
 phase clock); the parameter ring goes to ``ring/<step>.npz`` (written atomically, before
 the checkpoint, so a checkpoint never lacks its ring; its size and versions are stored in
-the checkpoint, `experiments.state_io`). A checkpoint whose weights or ring file cannot be
-read falls back to the next older one. A restore drops metric lines past the checkpoint,
-so a killed run loses and repeats no batch.
+the checkpoint, `experiments.state_io`). A checkpoint whose weights, ring file, data
+position or delay line cannot be read, or whose steps ``metrics.jsonl`` does not hold
+each once, falls back to the next older one (`verify`). A restore drops metric lines past
+the checkpoint, so a killed run loses and repeats no batch, and ``metrics.jsonl`` holds
+every step exactly once.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 from typing import Any
 
 from entr_jax.staleness import DelayLine, ParamRing
+from experiments import jsonl
 from experiments import multiprocess as mp
 from experiments import resume as resume_policy
 from experiments import state_io
@@ -56,33 +59,56 @@ def save(cfg: RunConfig, run: RunDir, learner: Any, data: Any, source: Any,
     clock.add("rl/checkpoint_s", time.perf_counter() - start)
 
 
-def load_ring(run: RunDir, cfg: RunConfig, restored: dict[str, Any], template: Any) -> ParamRing:
-    """The parameter ring saved with a restored checkpoint, read and checked against the
-    record in it (the ``verify`` of `learners.checkpoint.CheckpointManager`); raising
-    makes the restore fall back to an older checkpoint."""
+class MetricsGapError(RuntimeError):
+    """``metrics.jsonl`` lacks (or repeats) a step that a checkpoint has already done."""
+
+
+def verify(run: RunDir, cfg: RunConfig, restored: dict[str, Any], template: Any, data: Any
+           ) -> dict[str, Any]:
+    """Everything a restored checkpoint needs besides the learner state, read and checked
+    (the ``verify`` of `learners.checkpoint.CheckpointManager`; raising makes the restore
+    fall back to the next older checkpoint, which redoes the steps after it):
+
+    * the parameter ring saved with it, against the record in it (`state_io.load_ring`);
+    * this process's data position, set into ``data`` (a state it refuses, e.g. one
+      lacking a key, raises);
+    * this process's delay line (`state_io.load_delay_line`);
+    * ``metrics.jsonl``: its lines start with steps ``0 .. start_step - 1``, each once (a
+      missing, partial or repeated line is a gap a resume from here would keep).
+
+    Returns ``{"ring", "line", "metrics"}`` (the ring, the loaded `DelayLine`, the metric
+    records to keep).
+    """
     queue = restored["queue_state"]
-    return state_io.load_ring(run / "ring" / f"{queue['book']['start_step']}.npz",
-                              cfg.staleness.ring_size, template=template,
-                              expect=queue.get("ring"))
+    start = queue["book"]["start_step"]
+    ring = state_io.load_ring(run / "ring" / f"{start}.npz", cfg.staleness.ring_size,
+                              template=template, expect=queue.get("ring"))
+    data.set_state(mp.own(restored["data_state"], "data_state"))
+    line = DelayLine(cfg.staleness)
+    state_io.load_delay_line(line, mp.own(queue["delay_line"], "delay_line"))
+    path = run / "metrics.jsonl"
+    records = jsonl.read_records(path) if path.exists() else []
+    done = next((i for i, r in enumerate(records) if r.get("step") != i), len(records))
+    if done < start:
+        raise MetricsGapError(f"{path} holds steps 0 .. {done - 1} in order, the checkpoint "
+                              f"has done steps 0 .. {start - 1}")
+    return {"ring": ring, "line": line, "metrics": records[:start]}
 
 
-def restore(run: RunDir, learner: Any, data: Any, line: DelayLine, plan: Any
-            ) -> tuple[dict[str, Any], ParamRing] | None:
-    """Restore the newest readable checkpoint into ``learner``, ``data`` and ``line``;
-    returns its ``(book, ring)``, or None (said on stderr) when there is none. Metric
-    lines past the checkpoint are dropped; the resume is announced
-    (`experiments.resume.announce`, with ``plan``)."""
+def restore(run: RunDir, learner: Any, plan: Any
+            ) -> tuple[dict[str, Any], ParamRing, DelayLine] | None:
+    """Restore the newest checkpoint that restores and passes `verify` (which also sets
+    the data position) into ``learner``; returns its ``(book, ring, delay line)``, or
+    None (said on stderr) when there is none. Metric lines past the checkpoint are
+    dropped; the resume is announced (`experiments.resume.announce`, with ``plan``)."""
     items = learner.restore_latest()
     if items is None:
         resume_policy.say(run, f"no checkpoint in {run.checkpoint_dir}: starting fresh")
         return None
-    queue = items["queue_state"]
-    book = queue["book"]
-    data_state = mp.own(items["data_state"], "data_state")
-    data.set_state(data_state)
-    state_io.load_delay_line(line, mp.own(queue["delay_line"], "delay_line"))
-    for name in ("metrics.jsonl", "timing.jsonl"):
-        run.truncate_jsonl(name, book["start_step"])
+    book, verified = items["queue_state"]["book"], items["verified"]
+    if run.writer:
+        jsonl.rewrite_lines(run / "metrics.jsonl", map(json.dumps, verified["metrics"]))
+    run.truncate_jsonl("timing.jsonl", book["start_step"])
     resume_policy.announce(run, plan, book["start_step"], items["path"],
-                           data_state["batch_index"])
-    return book, items["verified"]
+                           mp.own(items["data_state"], "data_state")["batch_index"])
+    return book, verified["ring"], verified["line"]

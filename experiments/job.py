@@ -129,8 +129,9 @@ class Job:
             checkpoint=CheckpointManager(
                 self.run.checkpoint_dir, max_to_keep=cfg.checkpoint.keep,
                 log_file=self.run / "logs" / "checkpoint.log",
-                verify=lambda step, restored: checkpointing.load_ring(
-                    self.run, cfg, restored, self.learner.published_weights())),
+                verify=lambda step, restored: checkpointing.verify(
+                    self.run, cfg, restored, self.learner.published_weights(),
+                    self.episodes.data)),
             params=weights,  # model.path's weights: no random init to replace
         )
         del weights
@@ -241,11 +242,10 @@ class Job:
         """Restore the newest checkpoint when resuming; its book, or None (fresh)."""
         if self.plan is None or self.plan.action != "continue":
             return None
-        restored = checkpointing.restore(self.run, self.learner, self.episodes.data,
-                                         self.line, self.plan)
+        restored = checkpointing.restore(self.run, self.learner, self.plan)
         if restored is None:
             return None
-        book, self.ring = restored
+        book, self.ring, self.line = restored
         return book
 
     def _before_rl(self, book: dict[str, Any]) -> None:
