@@ -165,39 +165,38 @@ def test_truncated_ring_and_partial_metrics_line_fall_back_bit_for_bit(finished,
     assert [s for s, _ in _scalars(run_dir / "tb")["loss"]] == [0, 1, 2, 3, 2, 3]
 
 
-@pytest.mark.parametrize("damage", ["missing", "partial"])
-def test_a_metrics_line_lost_before_the_checkpoint_is_redone(finished, model_dir, tmp_path,
-                                                             capsys, damage):
-    """metrics.jsonl lacks the line of step 3 (removed, or cut mid-line) that checkpoint 4
-    has done: the resume falls back to checkpoint 2 and redoes steps 2 and 3, so the file
-    has every step exactly once, bit for bit as the uninterrupted run's."""
-    run_dir = killed_copy(finished, tmp_path)
+def _lose_metrics_line(run_dir, cut):
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [0, 1, 2, 3]
-    cut = "" if damage == "missing" else lines[3][:25]
-    (run_dir / "metrics.jsonl").write_text("\n".join(lines[:3]) + "\n" + cut)
-    with pytest.warns(CheckpointFallbackWarning, match=(
-            r"checkpoint step 4 .* cannot be restored \(MetricsGapError: .*metrics.jsonl holds "
-            r"steps 0 \.\. 2 in order, the checkpoint has done steps 0 \.\. 3\); falling back "
-            r"to step 2")):
-        code, _, err = call(args(model_dir, run_dir, "--resume"), capsys)
-    assert code == 0, err
-    assert f"entr-run: resuming {run_dir} at RL step 2 " in err
-    assert (run_dir / "metrics.jsonl").read_bytes() == (finished / "metrics.jsonl").read_bytes()
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines[:3]) + "\n" + lines[3][:cut])
 
 
-def test_a_damaged_data_state_falls_back_to_the_older_checkpoint(finished, model_dir, tmp_path,
-                                                                 capsys):
-    """The newest checkpoint's data position lacks its grain state: the resume falls back
-    to the older checkpoint, as for damaged weights, instead of refusing the run."""
-    run_dir = killed_copy(finished, tmp_path)
+def _drop_grain_state(run_dir):
     item = run_dir / "checkpoints" / "4" / "data_state" / "metadata"
     state = json.loads(item.read_text())
     del state["grain"]
     item.write_text(json.dumps(state))
+
+
+_GAP = (r"MetricsGapError: .*metrics.jsonl holds steps 0 \.\. 2 in order, the checkpoint has "
+        r"done steps 0 \.\. 3")
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda run_dir: _lose_metrics_line(run_dir, 0), _GAP),  # the line of step 3 missing
+    (lambda run_dir: _lose_metrics_line(run_dir, 25), _GAP),  # cut mid-line by a kill
+    (_drop_grain_state, r"ValueError: PromptBatchIterator.set_state: state lacks 'grain'"),
+], ids=["missing_metrics_line", "partial_metrics_line", "data_state_without_grain"])
+def test_a_lost_metrics_line_or_damaged_data_state_falls_back(finished, model_dir, tmp_path,
+                                                              capsys, damage, reason):
+    """Checkpoint 4 has done step 3, but metrics.jsonl lacks its line (removed, or cut
+    mid-line), or its data position cannot be restored: the resume falls back to
+    checkpoint 2 (as for damaged weights) and redoes steps 2 and 3, so metrics.jsonl has
+    every step exactly once, bit for bit as the uninterrupted run's."""
+    run_dir = killed_copy(finished, tmp_path)
+    damage(run_dir)
     with pytest.warns(CheckpointFallbackWarning, match=(
-            r"checkpoint step 4 .* cannot be restored \(ValueError: PromptBatchIterator.set_state: "
-            r"state lacks 'grain'\); falling back to step 2")):
+            rf"checkpoint step 4 .* cannot be restored \({reason}\); falling back to step 2")):
         code, _, err = call(args(model_dir, run_dir, "--resume"), capsys)
     assert code == 0, err
     assert f"entr-run: resuming {run_dir} at RL step 2 " in err
