@@ -40,7 +40,7 @@ PAPER_SPEEDUP = 2.6
 
 
 def _run(cfg) -> pathlib.Path:
-    from experiments.loop import Job
+    from experiments.job import Job
 
     Job(cfg, show_progress=False).run_job()
     return pathlib.Path(cfg.run_dir)

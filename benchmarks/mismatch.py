@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from experiments.config import ModelSpec
     from experiments.configs import preset
-    from experiments.loop import Job
+    from experiments.job import Job
     from samplers.jax_sampler import JaxSampler, JaxSamplerConfig
 
     base = preset(args.preset)
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
         job = Job(cfg, show_progress=False)
         job.setup()
         examples = job.task.train[:args.prompts]
-        params = job._sampling(0)
+        params = job.episodes.sampling(0)
         out = {"settings": {"model": args.model, "preset": args.preset, "prompts": len(examples),
                             "samples": args.samples, "seed": args.seed, "tau": args.tau,
                             "eps": args.eps, "low_entropy": args.low_entropy,
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
             sampler = JaxSampler(job.learner.state.model(), version=0, config=JaxSamplerConfig(
                 max_batch_size=len(examples) * args.samples, **parse_variant(name)))
             t0 = time.perf_counter()
-            trajs = job._episodes(sampler, examples, params, args.samples)
+            trajs = job.episodes.run(sampler, examples, params, args.samples)
             arrays = job.learner.token_logprobs(trajs)
             stats = mismatch_stats(arrays, args.tau, args.eps, args.low_entropy)
             stats["reward_mean"] = float(np.mean([t.reward for t in trajs]))

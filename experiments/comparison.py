@@ -46,13 +46,10 @@ import pathlib
 from typing import Any, Iterable
 
 from entr_jax.objectives import OBJECTIVES
+from experiments.fields import LABEL_FIELDS, flatten
 
 MISSING = "n/a"  # a base field the method's objective config does not have
 _ALIASES = {"estr": "entr"}
-# Top-level RunConfig fields that label a run or say where it writes or shares from: they
-# change none of its values (the comparison, the sweep's --reuse, the regime pairing and
-# the shared evaluation's key all leave them out).
-LABEL_FIELDS = ("name", "run_dir", "shared_eval_dir")
 _NOT_COMPARED = LABEL_FIELDS + ("seed",)  # and the seed axis
 
 
@@ -187,18 +184,6 @@ def _replace_path(obj: Any, parts: list[str], value: Any, key: str) -> Any:
     return dataclasses.replace(obj, **{parts[0]: child})
 
 
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dicts as one dict of dotted keys (``{"optim": {"learning_rate": x}}`` ->
-    ``{"optim.learning_rate": x}``); tuples become lists, as in ``config.json``."""
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
-    return out
-
-
 def effective_fields(config: Any) -> dict[str, Any]:
     """Dotted fields of a run config (a `RunConfig` or its ``config.json`` dict) as the
     comparison sees them: the selected objective's section as ``objective.<field>``, the
@@ -321,23 +306,3 @@ def verify(spec: dict[str, Any], runs: list[Any]) -> list[RunCheck]:
         raise ValueError("comparison spec lets fields differ that no method declares:\n  "
                          + "\n  ".join(bad))
     return checks
-
-
-def summary_report(out_dir: str | pathlib.Path) -> str | None:
-    """The per-method difference report of a comparison sweep directory (read from its
-    ``sweep_spec.json`` and each started run's ``config.json``), or None when the
-    directory holds no comparison sweep."""
-    out_dir = pathlib.Path(out_dir)
-    path = out_dir / "sweep_spec.json"
-    if not path.exists():
-        return None
-    spec = json.loads(path.read_text())
-    if "comparison" not in spec:
-        return None
-    from experiments.sweep import expand
-
-    runs = expand(spec, out_dir)
-    configs = {r.name: json.loads((r.run_dir / "config.json").read_text())
-               for r in runs if (r.run_dir / "config.json").exists()}
-    return format_report(check_runs(spec, [r for r in runs if r.name in configs] or runs,
-                                    configs))

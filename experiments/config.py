@@ -30,7 +30,7 @@ _ALIASES = {"estr"}  # registry aliases, not separate config sections
 
 
 # The staleness modes that read each staleness field (`entr_jax.staleness`,
-# `experiments.async_loop`); ``mode`` and ``ring_size`` are read by every mode. A field given
+# `experiments.async_source`); ``mode`` and ``ring_size`` are read by every mode. A field given
 # on the command line for a mode that does not read it is refused (`experiments.run`);
 # a preset's value for it is kept in config.json but has no effect (the CLI notes it).
 STALENESS_FIELD_MODES: dict[str, tuple[str, ...]] = {

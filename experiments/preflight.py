@@ -60,12 +60,17 @@ def _nearest_existing(path: pathlib.Path) -> pathlib.Path:
     return path
 
 
+# Directories a run creates inside its run directory (`experiments.rundir`).
+RUN_SUBDIRS = ("checkpoints", "ring", "eval", "tb", "logs", "token_samples")
+
+
 def check_run_dir(path: str | os.PathLike, field: str = "run_dir") -> None:
     """Refuse a run directory that cannot be created or written, before anything is made.
 
     Raises:
       ConfigError: a component longer than ``NAME_MAX`` bytes (named, with the limit); a
-        path that exists and is not a directory; a directory (or nearest existing parent)
+        path that exists and is not a directory, or holds a file where the run keeps a
+        directory (`RUN_SUBDIRS`); a directory (or nearest existing parent)
         where a file cannot be created (read-only, permissions), with the OS reason.
     """
     path = pathlib.Path(path)
@@ -81,6 +86,11 @@ def check_run_dir(path: str | os.PathLike, field: str = "run_dir") -> None:
                 f"--{field}")
     if existing.exists() and not existing.is_dir():
         raise ConfigError(f"{field} {path}: {existing} exists and is not a directory")
+    for sub in RUN_SUBDIRS:  # orbax would fail in a thread at the first save, then hang
+        if (path / sub).exists() and not (path / sub).is_dir():
+            raise ConfigError(f"{field} {path}: {path / sub} exists and is not a directory "
+                              f"(the run keeps its {sub} there); move it away or choose "
+                              f"another --{field}")
     try:
         fd, probe = tempfile.mkstemp(prefix=".entr-write-check-", dir=existing)
         os.close(fd)

@@ -106,17 +106,18 @@ def plan_resume(run: RunDir, config_json: str, override: bool = False) -> Resume
     """Decide what ``--resume`` does with ``run`` and the new config (`RunConfig.to_json`).
 
     Raises:
-      ResumeRefused: a result-changing difference without ``override``; any
+      ResumeRefused: a result-changing difference without ``override`` (also for a run
+        with no checkpoint yet, which starts over in its directory); any
         result-changing difference for a finished run; a run with checkpoints but no
         ``config.json`` to compare with (without ``override``). The message lists the
         differing fields as ``field: old -> new``. A field the saved ``config.json`` lacks
         (it predates the field) compares as its default
         (`experiments.config.with_field_defaults`).
     """
-    if not (run.is_finished() or run.has_checkpoint()):
-        return ResumePlan("fresh")
     new = json.loads(config_json)
     saved_path = run / "config.json"
+    if not (run.is_finished() or run.has_checkpoint()):
+        return _plan_fresh(run, saved_path, new, override)
     if not saved_path.is_file():
         if not override:
             raise ResumeRefused(
@@ -149,6 +150,27 @@ def plan_resume(run: RunDir, config_json: str, override: bool = False) -> Resume
             "--resume-override to continue with the new values (recorded in "
             "resume_overrides.jsonl)")
     return ResumePlan("continue", tuple(changes), tuple(changing))
+
+
+def _plan_fresh(run: RunDir, saved_path: Any, new: dict[str, Any], override: bool) -> ResumePlan:
+    """A run with no checkpoint yet starts over, in its own directory, only with its own
+    configuration (a result-changing difference needs ``override``)."""
+    if not saved_path.is_file():
+        return ResumePlan("fresh")
+    try:
+        saved = with_field_defaults(json.loads(saved_path.read_text()))
+    except (json.JSONDecodeError, TypeError, AttributeError):  # a torn config.json
+        return ResumePlan("fresh")
+    changes = config_changes(saved, with_field_defaults(new))
+    changing = [c for c in changes if not c.neutral]
+    if changing and not override:
+        raise ResumeRefused(
+            f"cannot resume {run.path}: it has no checkpoint yet, so it would start over, "
+            f"but the configuration differs from the saved one in {len(changing)} field(s) "
+            f"that change the experiment: {_listing(changing)}. Resume with the saved "
+            "values, choose a new --run_dir, or pass --resume-override to start over with "
+            "the new values")
+    return ResumePlan("fresh", tuple(changes), tuple(changing))
 
 
 def record_changes(run: RunDir, plan: ResumePlan, step: int) -> None:

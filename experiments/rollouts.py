@@ -1,16 +1,14 @@
-"""Rollout batches: generation under a staleness plan, their metrics, and (de)serialisation
-for checkpoints. Used by the loop in `experiments.loop`."""
+"""Rollout batches: their metrics, their sampling seeds, and (de)serialisation for
+checkpoints. They are made by the rollout sources (`experiments.sources`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any, Sequence
 
 import numpy as np
 
 from entr_jax import staleness as st
-from entr_jax.interfaces import Sampler, SamplingParams
 from entr_jax.types import Trajectory
 
 _TRAJ_ARRAYS = {
@@ -85,49 +83,6 @@ def _plain(obj: Any) -> Any:
     if obj is None or isinstance(obj, (str, int, float, bool)):
         return obj
     return str(obj)
-
-
-class ScheduledSampler:
-    """Adapter that replays an intra-trajectory weight schedule on the first `generate`.
-
-    The first call (the first turn of every episode) passes ``weight_schedule`` to the
-    wrapped sampler, so tokens at decode steps ``>= s`` use the next version; afterwards
-    the last version of the schedule is installed, so later turns never go back in
-    version. Only the `Sampler` protocol plus the ``weight_schedule`` keyword of
-    `samplers.jax_sampler.JaxSampler` are used.
-    """
-
-    def __init__(self, sampler: Any, schedule: Sequence[tuple[int, Any, int]]):
-        self.sampler = sampler
-        self.schedule = list(schedule)
-
-    def generate(self, prompts, params: SamplingParams, num_samples: int = 1):
-        if not self.schedule:
-            return self.sampler.generate(prompts, params, num_samples)
-        schedule, self.schedule = self.schedule, []
-        out = self.sampler.generate(prompts, params, num_samples, weight_schedule=schedule)
-        _, weights, version = schedule[-1]
-        self.sampler.update_weights(weights, version)
-        return out
-
-    def update_weights(self, params, version):
-        self.sampler.update_weights(params, version)
-
-    def pause(self):
-        self.sampler.pause()
-
-    def resume(self):
-        self.sampler.resume()
-
-
-def intra_versions(cfg: st.StalenessConfig, batch_id: int, ring: st.ParamRing
-                   ) -> tuple[list[int], tuple[int, ...]]:
-    """Versions (oldest first, ending at the newest in the ring) and switch steps for the
-    batch ``batch_id`` (`entr_jax.staleness.intra_plan`, clamped to what the ring holds)."""
-    _, steps = st.intra_plan(cfg, batch_id)
-    depth = min(len(steps), len(ring.versions) - 1)
-    versions = ring.versions[len(ring.versions) - depth - 1:]
-    return versions, steps[len(steps) - depth:] if depth else ()
 
 
 def sampling_seed(seed: int, batch_id: int, stream: int = 0, offset: int = 0) -> int:
@@ -254,25 +209,3 @@ def rollout_metrics(batch: RolloutBatch, version: int) -> dict[str, Any]:
                               trajectory_stats(batch.trajectories, version,
                                                batch.entropy_estimated_tokens),
                               version, first_version=batch.first_version)
-
-
-def generate_batch(sampler: Sampler, run_episodes_fn, batch_id: int, examples: list[dict],
-                   versions: list[int], switch_steps: tuple[int, ...], ring: st.ParamRing,
-                   params: SamplingParams, num_samples: int,
-                   group_ids: Sequence[int] | None = None) -> RolloutBatch:
-    """Generate one rollout batch: weights of ``versions[0]`` first, then one switch to
-    the next version at each of ``switch_steps``; ``run_episodes_fn(sampler, examples,
-    params, num_samples, group_ids)`` runs the episodes. ``group_ids`` (the group id of
-    each example) defaults to ``batch_id * len(examples) + p`` for example ``p``."""
-    start = time.perf_counter()
-    if getattr(sampler, "version", None) != versions[0]:  # skip a no-op (costly on a fleet)
-        sampler.update_weights(ring.get(versions[0]), versions[0])
-    schedule = [(s, ring.get(v), v) for s, v in zip(switch_steps, versions[1:])]
-    if group_ids is None:
-        group_ids = [batch_id * len(examples) + p for p in range(len(examples))]
-    estimated = entropy_estimated_count(sampler)
-    trajs = run_episodes_fn(ScheduledSampler(sampler, schedule), examples, params,
-                            num_samples, group_ids)
-    return RolloutBatch(batch_id, versions[-1], trajs, time.perf_counter() - start,
-                        first_version=versions[0],
-                        entropy_estimated_tokens=entropy_estimated_count(sampler) - estimated)

@@ -16,7 +16,8 @@ is given, which records it in ``resume_overrides.jsonl`` (`experiments.resume`).
 
 Errors: bad input (a field, a file, the devices, a run directory that cannot be
 written, a resume that would change the experiment) is refused before any work with one
-paragraph on stderr and exit status 2; an unexpected error exits with 1. The traceback
+paragraph on stderr and exit status 2; an unexpected error exits with 1. Ctrl-C prints one
+line (what is saved, the command that resumes) and exits with 130. The traceback
 goes to ``<run_dir>/logs/error.log`` and, with ``--debug`` or ``ENTR_DEBUG=1``, to stderr.
 """
 
@@ -29,6 +30,7 @@ _STARTED = time.perf_counter()  # before the heavy imports: `Job.startup_s`
 import dataclasses  # noqa: E402
 import json
 import os
+import shlex
 import sys
 import traceback
 import warnings
@@ -199,6 +201,22 @@ def _fail(err: BaseException, debug: bool, run_dir: str | None) -> int:
     return 2 if user else 1
 
 
+def interrupted(run_dir: str | None, argv: list[str]) -> str:
+    """One line for an interrupted run (Ctrl-C): what is saved (the newest checkpoint's
+    RL step, or none yet) and the command that resumes it."""
+    if run_dir is None:
+        return "interrupted before the run started: nothing saved"
+    from experiments.rundir import RunDir
+
+    ckpt = RunDir(run_dir).checkpoint_dir
+    steps = sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit()) if ckpt.is_dir() else []
+    saved = (f"saved up to RL step {steps[-1]} ({ckpt / str(steps[-1])})" if steps
+             else "no checkpoint yet, a resume starts over")
+    kept = [a for a in argv if a not in ("--resume", "--resume-override")]
+    command = shlex.join(["entr-run", *kept, "--resume"])
+    return f"interrupted; {saved}; resume with: {command}"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the job from the command line; prints the summary; returns the exit status
     (0 done, 2 refused or failed on bad input/environment, 1 an unexpected error)."""
@@ -215,12 +233,15 @@ def main(argv: list[str] | None = None) -> int:
         from experiments.compile_cache import enable
 
         enable()  # persistent compilation cache in the user cache (ENTR_JAX_CACHE=0: off)
-        from experiments.loop import Job
+        from experiments.job import Job
 
         job = Job(cfg, resume=opts.resume, resume_override=opts.resume_override)
         job.startup_s = time.perf_counter() - _STARTED
         summary = job.run_job()
-    except (KeyboardInterrupt, SystemExit):
+    except KeyboardInterrupt:
+        print(f"entr-run: {interrupted(run_dir, argv)}", file=sys.stderr)
+        return 130
+    except SystemExit:
         raise
     except Exception as err:  # noqa: BLE001 - every failure becomes one paragraph
         return _fail(err, debug, run_dir)

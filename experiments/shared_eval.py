@@ -37,13 +37,12 @@ from typing import Any, Callable
 import filelock
 import jax
 
-from experiments import comparison
 from experiments import multiprocess as mp
+from experiments.fields import LABEL_FIELDS, flatten
 
 # Top-level RunConfig fields the evaluation of the starting weights does not read.
-NOT_READ = comparison.LABEL_FIELDS + ("rl_steps", "token_samples_every", "advantages",
-                                      "objective", "optim", "staleness", "checkpoint",
-                                      "logging")
+NOT_READ = LABEL_FIELDS + ("rl_steps", "token_samples_every", "advantages", "objective",
+                           "optim", "staleness", "checkpoint", "logging")
 
 
 def _weights_digest(model_path: str) -> str:
@@ -70,7 +69,7 @@ def key(config: dict[str, Any]) -> str:
     """The sharing key of a run's ``config.json`` dict (hex SHA-256; see the module doc)."""
     from entr_jax import __version__
 
-    fields = {k: v for k, v in comparison.flatten(config).items()
+    fields = {k: v for k, v in flatten(config).items()
               if k.split(".")[0] not in NOT_READ and k != "model.path"}  # path: by its bytes
     ident = {"fields": fields, "weights": _weights_digest(config["model"]["path"]),
              "version": __version__}

@@ -8,7 +8,7 @@ import numpy as np
 
 from entr_jax.staleness import StalenessConfig
 from experiments.configs import QUICKSTART
-from experiments.loop import Job
+from experiments.job import Job
 
 
 def small_config(model_dir, run_dir, **changes):

@@ -116,7 +116,7 @@ def test_measured_intra_staleness_on_the_stress_task(switches, tmp_path):
     from flax import nnx
 
     from entr_jax.model import Decoder, ModelConfig, save_pretrained
-    from experiments.loop import Job
+    from experiments.job import Job
 
     model_dir = tmp_path / "model"
     hf = json.loads((tiny_dir() / "config.json").read_text())

@@ -20,7 +20,7 @@ from experiments.analysis import decompose
 from experiments.analysis.runs import load_run
 from experiments.config import SamplerSpec
 from experiments.decomposition import logp_at_token_version
-from experiments.loop import Job
+from experiments.job import Job
 from learners.learner import Learner, LearnerConfig
 from learners.optim import OptimizerConfig
 from samplers.jax_sampler import JaxSampler, JaxSamplerConfig

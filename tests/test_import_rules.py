@@ -102,12 +102,7 @@ def _circles(package: str) -> list[list[str]]:
     return sorted(found)
 
 
-@pytest.mark.parametrize("package", [
-    "entr_jax", "learners", "samplers",
-    pytest.param("experiments", marks=pytest.mark.xfail(
-        strict=True, reason="loop -> shared_eval -> comparison -> sweep -> run -> loop; "
-        "analysis.decompose <-> analysis.decompose_plots")),
-])
+@pytest.mark.parametrize("package", ["entr_jax", "learners", "samplers", "experiments"])
 def test_no_import_circles(package):
     assert _circles(package) == []
 

@@ -16,7 +16,7 @@ from entr_jax.staleness import StalenessConfig
 from experiments import run as cli
 from experiments.configs import QUICKSTART
 from experiments.errors import ConfigError
-from experiments.loop import Job, RunExistsError
+from experiments.job import Job, RunExistsError
 from experiments.preflight import check_devices
 from learners.logging import LoggingConfig
 from tests.small_job import metrics, run, small_config, synthetic_advantages
@@ -171,17 +171,17 @@ def test_resume_after_a_crash_repeats_nothing_and_is_bitwise(reference, small_mo
                                                              tmp_path, monkeypatch):
     ref_dir, ref_job, _ = reference
     cfg = small_config(small_model_dir, tmp_path / "crash")
-    original = Job.learn
+    original = Job.token_samples  # the first thing a learner step does with its batch
 
-    def crash_at_step_3(self, batch, record):
-        if record["step"] == 3:
+    def crash_at_step_3(self, step, batch):
+        if step == 3:
             raise KeyboardInterrupt("simulated kill")
-        return original(self, batch, record)
+        return original(self, step, batch)
 
-    monkeypatch.setattr(Job, "learn", crash_at_step_3)
+    monkeypatch.setattr(Job, "token_samples", crash_at_step_3)
     with pytest.raises(KeyboardInterrupt):
         run(cfg)
-    monkeypatch.setattr(Job, "learn", original)
+    monkeypatch.setattr(Job, "token_samples", original)
     with pytest.raises(RunExistsError):
         Job(cfg)
     job, summary = run(cfg, resume=True)
@@ -252,7 +252,7 @@ def test_cli_overrides_reach_the_config(tmp_path):
                         "--verifier.num_workers", "2", "--verifier.timeout_s", "3"])
     assert (cfg.verifier.num_workers, cfg.verifier.timeout_s) == (2, 3.0)
     job = Job(dataclasses.replace(cfg, run_dir=str(tmp_path / "never_written")), show_progress=False)
-    lc = job._learner_config(cfg.optim, pad_id=0)  # what the learner will score
+    lc = job.learner_config(cfg.optim, pad_id=0)  # what the learner will score
     assert (lc.temperature, lc.top_k, lc.top_p, lc.min_p) == (0.7, 20, 0.9, 0.05)
     # the same filters are refused with SGLang; without them the SGLang config builds
     cfg, _ = cli.parse(["quickstart", *_SGLANG, "--objective.entr.entropy_source", "behavior_topk"])
@@ -459,19 +459,19 @@ def test_reference_policy_survives_resume(kl_runs, small_model_dir, tmp_path, mo
     """Killed at step 2 and resumed: the same reference (bit for bit) and the same metrics
     as the uninterrupted run."""
     d1, job1 = kl_runs[KL_COEF]
-    original = Job.learn
+    original = Job.token_samples  # the first thing a learner step does with its batch
 
-    def crash_at_step_2(self, batch, record):
-        if record["step"] == 2:
+    def crash_at_step_2(self, step, batch):
+        if step == 2:
             raise KeyboardInterrupt("simulated kill")
-        return original(self, batch, record)
+        return original(self, step, batch)
 
     monkeypatch.setattr(Job, "advantages", synthetic_advantages)
-    monkeypatch.setattr(Job, "learn", crash_at_step_2)
+    monkeypatch.setattr(Job, "token_samples", crash_at_step_2)
     cfg = kl_config(small_model_dir, tmp_path / "crash", KL_COEF)
     with pytest.raises(KeyboardInterrupt):
         run(cfg)
-    monkeypatch.setattr(Job, "learn", original)
+    monkeypatch.setattr(Job, "token_samples", original)
     job, _ = run(cfg, resume=True)
     for a, b in zip(jax.tree.leaves(job.learner.ref_params), jax.tree.leaves(job1.learner.ref_params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

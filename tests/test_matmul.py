@@ -100,8 +100,8 @@ def test_decoder_gradient_equals_the_plain_dot_generals(monkeypatch):
 
     def plain_linear(din, dout, axes, bias, rngs, dtype, param_dtype):
         return nnx.Linear(din, dout, use_bias=bias, dtype=dtype, param_dtype=param_dtype,
-                          rngs=rngs, kernel_init=layers_mod._part(layers_mod._INIT, axes),
-                          bias_init=layers_mod._part(nnx.initializers.zeros_init(), axes[1:]))
+                          rngs=rngs, kernel_init=layers_mod.partitioned(layers_mod.INIT, axes),
+                          bias_init=layers_mod.partitioned(nnx.initializers.zeros_init(), axes[1:]))
 
     def plain_logits(self, hidden):
         w = self.embed_tokens.embedding[...]

@@ -165,6 +165,44 @@ def test_truncated_ring_and_partial_metrics_line_fall_back_bit_for_bit(finished,
     assert [s for s, _ in _scalars(run_dir / "tb")["loss"]] == [0, 1, 2, 3, 2, 3]
 
 
+def _lose_metrics_line(run_dir, cut):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [0, 1, 2, 3]
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines[:3]) + "\n" + lines[3][:cut])
+
+
+def _drop_grain_state(run_dir):
+    item = run_dir / "checkpoints" / "4" / "data_state" / "metadata"
+    state = json.loads(item.read_text())
+    del state["grain"]
+    item.write_text(json.dumps(state))
+
+
+_GAP = (r"MetricsGapError: .*metrics.jsonl holds steps 0 \.\. 2 in order, the checkpoint has "
+        r"done steps 0 \.\. 3")
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda run_dir: _lose_metrics_line(run_dir, 0), _GAP),  # the line of step 3 missing
+    (lambda run_dir: _lose_metrics_line(run_dir, 25), _GAP),  # cut mid-line by a kill
+    (_drop_grain_state, r"ValueError: PromptBatchIterator.set_state: state lacks 'grain'"),
+], ids=["missing_metrics_line", "partial_metrics_line", "data_state_without_grain"])
+def test_a_lost_metrics_line_or_damaged_data_state_falls_back(finished, model_dir, tmp_path,
+                                                              capsys, damage, reason):
+    """Checkpoint 4 has done step 3, but metrics.jsonl lacks its line (removed, or cut
+    mid-line), or its data position cannot be restored: the resume falls back to
+    checkpoint 2 (as for damaged weights) and redoes steps 2 and 3, so metrics.jsonl has
+    every step exactly once, bit for bit as the uninterrupted run's."""
+    run_dir = killed_copy(finished, tmp_path)
+    damage(run_dir)
+    with pytest.warns(CheckpointFallbackWarning, match=(
+            rf"checkpoint step 4 .* cannot be restored \({reason}\); falling back to step 2")):
+        code, _, err = call(args(model_dir, run_dir, "--resume"), capsys)
+    assert code == 0, err
+    assert f"entr-run: resuming {run_dir} at RL step 2 " in err
+    assert (run_dir / "metrics.jsonl").read_bytes() == (finished / "metrics.jsonl").read_bytes()
+
+
 def test_both_checkpoints_damaged_is_one_line_and_loses_nothing(finished, model_dir, tmp_path,
                                                                 capsys):
     run_dir = killed_copy(finished, tmp_path)
@@ -188,24 +226,111 @@ def test_both_checkpoints_damaged_is_one_line_and_loses_nothing(finished, model_
 ])
 def test_resume_without_a_checkpoint_says_it_starts_fresh(model_dir, tmp_path, capsys,
                                                           monkeypatch, written):
-    from experiments.loop import Job
+    from experiments.job import Job
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     for name in written:
         if name.endswith("/"):
             (run_dir / name).mkdir()
+        elif name == "config.json":  # the run's own configuration, as it wrote it
+            (run_dir / name).write_text(cli.parse(args(model_dir, run_dir))[0].to_json())
         else:
             (run_dir / name).write_text("{}")
 
+    class Stop(BaseException):
+        pass
+
     def stop(self):
-        raise KeyboardInterrupt  # stop right after the decision; nothing else runs
+        raise Stop  # stop right after the decision; nothing else runs
 
     monkeypatch.setattr(Job, "prepare_task", stop)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Stop):
         cli.main(args(model_dir, run_dir, "--resume"))
     err = capsys.readouterr().err
     assert err == f"entr-run: nothing to resume in {run_dir} (no checkpoint): starting fresh\n"
+
+
+def test_a_changed_config_is_refused_even_before_the_first_checkpoint(model_dir, tmp_path,
+                                                                     capsys, monkeypatch):
+    """A run stopped before its first checkpoint starts over on --resume, in its own
+    directory: with its own configuration; a change to the experiment is refused (nothing
+    rewritten) unless --resume-override."""
+    from experiments.job import Job
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    saved = cli.parse(args(model_dir, run_dir))[0].to_json()
+    (run_dir / "config.json").write_text(saved)
+    (run_dir / "metrics.jsonl").write_text("")
+    before = listing(run_dir)
+    code, _, err = call(args(model_dir, run_dir, "--resume", "--seed", "7"), capsys)
+    assert code == 2
+    assert err.startswith(f"entr-run: error: cannot resume {run_dir}: it has no checkpoint yet")
+    assert "seed: 0 -> 7" in err and "--resume-override" in err
+    assert listing(run_dir) == before and (run_dir / "config.json").read_text() == saved
+
+    class Stop(BaseException):
+        pass
+
+    def stop(self):
+        raise Stop  # stop right after the decision and what it records
+
+    monkeypatch.setattr(Job, "prepare_task", stop)
+    with pytest.raises(Stop):
+        cli.main(args(model_dir, run_dir, "--resume", "--resume-override", "--seed", "7"))
+    assert capsys.readouterr().err == (f"entr-run: nothing to resume in {run_dir} (no "
+                                       "checkpoint): starting fresh\n")
+
+
+def test_ctrl_c_prints_one_line_with_what_is_saved_and_the_resume_command(model_dir, tmp_path,
+                                                                          capsys, monkeypatch):
+    """Ctrl-C (here during RL step 3, after the checkpoint of step 2) is one line on stderr,
+    no traceback: what is saved and the command that resumes; exit status 130. Before
+    the first checkpoint it says that nothing is saved yet."""
+    from experiments.job import Job
+
+    original = Job.token_samples
+
+    def ctrl_c_at_step_3(self, step, batch):
+        if step == 3:
+            raise KeyboardInterrupt
+        return original(self, step, batch)
+
+    monkeypatch.setattr(Job, "token_samples", ctrl_c_at_step_3)
+    run_dir = tmp_path / "run"
+    argv = args(model_dir, run_dir)
+    code, _, err = call(argv, capsys)
+    command = " ".join(["entr-run", *argv, "--resume"])
+    assert code == 130 and "Traceback" not in err
+    assert err.splitlines()[-1] == (f"entr-run: interrupted; saved up to RL step 2 "
+                                    f"({run_dir}/checkpoints/2); resume with: {command}")
+
+    def ctrl_c(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Job, "prepare_task", ctrl_c)
+    other = tmp_path / "other"
+    code, _, err = call(args(model_dir, other), capsys)
+    assert (code, err.splitlines()[-1]) == (130, (
+        "entr-run: interrupted; no checkpoint yet, a resume starts over; resume with: "
+        + " ".join(["entr-run", *args(model_dir, other), "--resume"])))
+
+
+@pytest.mark.parametrize("sub", ["checkpoints", "ring"])
+def test_a_file_where_the_run_keeps_a_directory_is_refused_before_work(model_dir, tmp_path,
+                                                                       capsys, sub):
+    """A file in place of the checkpoint (or ring) directory is refused before any work,
+    naming it; it used to fail at the first save in orbax's thread and then hang forever
+    waiting on that thread."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / sub).write_text("")
+    code, _, err = call(args(model_dir, run_dir), capsys)
+    assert (code, err) == (2, f"entr-run: error: run_dir {run_dir}: {run_dir / sub} exists and "
+                              f"is not a directory (the run keeps its {sub} there); move it "
+                              "away or choose another --run_dir\n")
+    assert sorted(p.name for p in run_dir.iterdir()) == [sub]
 
 
 def test_tensorboard_has_eval_curves(finished):

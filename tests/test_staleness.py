@@ -166,24 +166,30 @@ def _episodes(sampler, examples, params, num_samples, group_ids):
 
 
 def _drive(cfg, lengths, steps=12):
-    """The loop's simulated mode (`Job._run_simulated`) on the stand-in sampler; yields
-    (step, batch, metrics, switch steps) per learner step."""
+    """The loop's simulated mode (`experiments.sources.SimulatedSource`) on the stand-in
+    sampler; yields (step, batch, metrics, switch steps) per learner step."""
     from entr_jax.interfaces import SamplingParams
     from experiments import rollouts as ro
+    from experiments.sources import SimulatedSource
 
-    sampler, line, ring = _ScheduleSampler(lengths), st.DelayLine(cfg), st.ParamRing(cfg.ring_size)
+    ring = st.ParamRing(cfg.ring_size)
     ring.push(0, "w0")
     examples = [{"prompt": [1, 2]}, {"prompt": [3]}]
     plans = {}
+
+    def episodes(sampler, batch_id):
+        return _episodes(sampler, examples, SamplingParams(), len(lengths) // 2,
+                         [batch_id * len(examples) + p for p in range(len(examples))])
+
+    def on_batch(batch, ring, versions, switch_steps):
+        plans[batch.batch_id] = switch_steps
+
+    source = SimulatedSource(cfg, steps, _ScheduleSampler(lengths), episodes, st.DelayLine(cfg),
+                             ring, on_batch=on_batch)
     for n in range(steps):
-        for m in line.due(n):
-            versions, switch_steps = ro.intra_versions(cfg, m, ring)
-            plans[m] = switch_steps
-            line.put(m, ro.generate_batch(sampler, _episodes, m, examples, versions,
-                                          switch_steps, ring, SamplingParams(), len(lengths) // 2))
-        batch = line.pop(n)
+        batch, _ = source.next_batch()
         yield n, batch, ro.rollout_metrics(batch, n), plans.pop(n)
-        ring.push(n + 1, f"w{n + 1}")
+        source.publish(f"w{n + 1}", n + 1)
 
 
 SHORT_AND_LONG = [1, 2, 3, 5, 8, 12]  # first-turn lengths; the windows below are <= 8

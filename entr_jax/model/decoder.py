@@ -29,7 +29,7 @@ from flax import nnx, struct
 
 from entr_jax.model.config import ModelConfig
 from entr_jax.model.attention_impl import check_implementation
-from entr_jax.model.layers import (_INIT, REMAT_POLICIES, Block, RMSNorm, _part,
+from entr_jax.model.layers import (INIT, REMAT_POLICIES, Block, RMSNorm, partitioned,
                                    rope_cos_sin, rope_inv_freq, stacked_blocks)
 from entr_jax.model.matmul import matmul
 
@@ -182,7 +182,7 @@ class Decoder(nnx.Module):
         kw = dict(dtype=dtype, param_dtype=param_dtype)
         self.embed_tokens = nnx.Embed(
             c.vocab_size, c.hidden_size, rngs=rngs, **kw,
-            embedding_init=_part(_INIT, ("vocab", "embed")),
+            embedding_init=partitioned(INIT, ("vocab", "embed")),
         )
         if self.scan_layers:
             self.layers = stacked_blocks(c, rngs, attention=attention, **kw)
@@ -194,7 +194,7 @@ class Decoder(nnx.Module):
             self.lm_head = None
         else:
             self.lm_head = nnx.Param(
-                _INIT(rngs.params(), (c.vocab_size, c.hidden_size), param_dtype),
+                INIT(rngs.params(), (c.vocab_size, c.hidden_size), param_dtype),
                 out_sharding=("vocab", "embed"), eager_sharding=False,
             )
 

@@ -30,7 +30,7 @@ from entr_jax.model.attention_impl import self_attention
 from entr_jax.model.config import ModelConfig
 from entr_jax.model.matmul import dense_dot_general
 
-_INIT = nnx.initializers.normal(stddev=0.02)
+INIT = nnx.initializers.normal(stddev=0.02)  # every weight matrix's init (decoder.py too)
 
 # Rematerialisation policies of a decoder layer in the backward pass (``jax.checkpoint``):
 # None = no checkpoint (every residual kept); nothing saveable = recompute the layer;
@@ -42,7 +42,8 @@ REMAT_POLICIES = {
 }
 
 
-def _part(init, axes):
+def partitioned(init, axes):
+    """``init`` with the logical sharding ``axes`` attached (`nnx.with_partitioning`)."""
     return nnx.with_partitioning(init, axes, eager_sharding=False)
 
 
@@ -126,8 +127,8 @@ class RMSNorm(nnx.Module):
 def _linear(din, dout, axes, bias, rngs, dtype, param_dtype):
     return nnx.Linear(
         din, dout, use_bias=bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
-        kernel_init=_part(_INIT, axes),
-        bias_init=_part(nnx.initializers.zeros_init(), axes[1:]),
+        kernel_init=partitioned(INIT, axes),
+        bias_init=partitioned(nnx.initializers.zeros_init(), axes[1:]),
         dot_general=dense_dot_general,  # its weight gradient contracts 2-D operands
     )
 

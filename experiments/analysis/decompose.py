@@ -27,7 +27,6 @@ with 95 % intervals, gate curves' key points) and, with ``--figures``, the figur
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import pathlib
 import sys
@@ -36,50 +35,22 @@ from typing import Any, Sequence
 import numpy as np
 
 from experiments.analysis import gate_curves as gc
+from experiments.analysis.decomposed import (
+    ENTROPY_EDGES,
+    FIELDS,
+    MATERIAL_NATS,
+    Decomposed,
+    classify,
+    scores,
+)
 from experiments.analysis.runs import Run, load_runs
+from experiments.fields import flatten
 
 # off-mode tokens below LOW_H against those at or above HIGH_H (nats): the low-entropy
 # amplification of the mismatch, E[delta_mis^2 | off-mode, H < 0.1] / E[.. | H >= 1]
 LOW_H, HIGH_H = 0.1, 1.0
-# fixed bins (left edges; the last bin is open-ended)
-ENTROPY_EDGES = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0, 2.0, 3.0)
+# fixed q bins (left edges; the last bin is open-ended)
 Q_EDGES = (0.0, 1e-3, 1e-2, 0.05, 0.2, 0.5, 0.8, 0.95, 0.99, 0.999)
-FIELDS = ("run", "step", "row", "entropy_mu", "entropy_pi", "logp_mu", "logp_pi",
-          "logp_version", "delta", "delta_mis", "delta_stale", "age")
-
-
-@dataclasses.dataclass(frozen=True)
-class Decomposed:
-    """Loss tokens of one or more runs, flattened; every field ``[N]``: ``run`` (int64 index
-    into the runs given), ``step`` (int64), ``row`` (int64: the trajectory's row in its
-    step), ``entropy_mu``, ``entropy_pi``, ``logp_mu``, ``logp_pi``, ``logp_version``
-    (float64 from float32, nats), ``delta``, ``delta_mis``, ``delta_stale`` (float64 of
-    the float32 differences), ``age`` (int64 versions; -1 when the step has no metrics
-    row)."""
-
-    run: np.ndarray
-    step: np.ndarray
-    row: np.ndarray
-    entropy_mu: np.ndarray
-    entropy_pi: np.ndarray
-    logp_mu: np.ndarray
-    logp_pi: np.ndarray
-    logp_version: np.ndarray
-    delta: np.ndarray
-    delta_mis: np.ndarray
-    delta_stale: np.ndarray
-    age: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.delta)
-
-    @property
-    def q(self) -> np.ndarray:
-        """``mu(o_t) = exp(logp_mu)``, the sampled token's behaviour probability."""
-        return np.exp(self.logp_mu)
-
-    def select(self, keep: np.ndarray) -> "Decomposed":
-        return Decomposed(*(getattr(self, f)[keep] for f in FIELDS))
 
 
 def load_run(run: Run, index: int = 0) -> tuple[Decomposed, dict[str, np.ndarray]]:
@@ -134,27 +105,6 @@ def load(runs: Sequence[Run]) -> tuple[Decomposed, dict[str, np.ndarray]]:
     loaded = [load_run(r, i) for i, r in enumerate(runs)]
     tokens = Decomposed(**{f: np.concatenate([getattr(t, f) for t, _ in loaded]) for f in FIELDS})
     return tokens, {k: np.concatenate([s[k] for _, s in loaded]) for k in ("trm", "m2po")}
-
-
-MATERIAL_NATS = 0.01  # |delta| above which a gate's decision about a token matters
-
-
-def classify(t: Decomposed) -> tuple[np.ndarray, np.ndarray]:
-    """``(stale, mis)`` ``[N] bool``: a token is *mismatch-dominated* when the mismatch
-    accounts for more of its log-ratio than the drift does, ``|delta_mis| > |delta_stale|``,
-    and *staleness-dominated* otherwise (``|delta_stale| >= |delta_mis|``); every token is
-    in exactly one class."""
-    mis = np.abs(t.delta_mis) > np.abs(t.delta_stale)
-    return ~mis, mis
-
-
-def scores(t: Decomposed, seq: dict[str, np.ndarray], eps: float = 0.01) -> dict[str, np.ndarray]:
-    """Every gate's score per token (`experiments.analysis.gate_curves`)."""
-    return {"entr": gc.score_entr(t.delta, t.entropy_mu, eps),
-            "icepop": gc.score_icepop(t.delta),
-            "kpop": gc.score_kpop(t.logp_pi, t.logp_mu),
-            "trm": seq["trm"], "m2po": seq["m2po"],
-            "tis": gc.score_tis(t.delta)}
 
 
 def binned(x: np.ndarray, y: np.ndarray, edges: Sequence[float]) -> dict[str, list]:
@@ -325,8 +275,6 @@ def report(runs: Sequence[Run], n_boot: int = 200, eps: float = 0.01
 def group_runs(runs: Sequence[Run], keys: Sequence[str]) -> dict[str, list[Run]]:
     """Runs grouped by the values of dotted config ``keys`` (e.g.
     ``sampler.weight_quant``); label ``key=value,...`` (last dotted part of each key)."""
-    from experiments.comparison import flatten
-
     groups: dict[str, list[Run]] = {}
     for r in runs:
         flat = flatten(r.config)

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from experiments.analysis import gate_curves as gc
-from experiments.analysis.decompose import ENTROPY_EDGES, Decomposed, classify, scores
+from experiments.analysis.decomposed import ENTROPY_EDGES, Decomposed, classify, scores
 
 _STYLE = {"entr": ("C3", "-"), "icepop": ("C0", "--"), "kpop": ("C2", "-."),
           "trm": ("C4", ":"), "m2po": ("C5", "--"), "tis": ("C7", ":")}
