@@ -213,6 +213,8 @@ def test_the_bootstrap_resamples_runs_only_when_there_are_enough(monkeypatch):
     few = decompose.bootstrap(_synthetic(2, 6), n_boot=50)
     assert (few["unit"], few["runs"], few["units"]) == ("step", 2, 12)
     assert decompose.resampled(few) == "12 steps within 2 runs"
+    single = decompose.bootstrap(_synthetic(2, 1), n_boot=20)  # no steps to resample
+    assert (single["unit"], single["units"]) == ("run", 2)
     five = _synthetic(decompose.MIN_RUNS_FOR_RUN_BOOTSTRAP, 6)
     many = decompose.bootstrap(five, n_boot=50)
     assert (many["unit"], many["units"]) == ("run", decompose.MIN_RUNS_FOR_RUN_BOOTSTRAP)

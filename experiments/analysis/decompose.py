@@ -181,9 +181,11 @@ def bootstrap(t: Decomposed, n_boot: int = 200, seed: int = 0) -> dict[str, Any]
     replacement. With fewer, a run bootstrap has too few distinct resamples to mean anything
     (two runs give three), so whole steps are resampled *within* each run (stratified: every
     run keeps its number of steps); such intervals leave out the variation between runs and
-    the report says so (``unit`` ``"step"``, ``runs``)."""
+    the report says so (``unit`` ``"step"``, ``runs``). A run with a single step has no
+    steps to resample, so then runs are resampled whatever their number."""
     runs = np.unique(t.run)
-    by_run = len(runs) >= MIN_RUNS_FOR_RUN_BOOTSTRAP
+    steps_per_run = [len(np.unique(t.step[t.run == r])) for r in runs]
+    by_run = len(runs) >= MIN_RUNS_FOR_RUN_BOOTSTRAP or min(steps_per_run) < 2
     # strata: one stratum of runs, or one stratum of (run, step) units per run
     if by_run:
         strata = [{int(u): np.nonzero(t.run == u)[0] for u in runs}]
