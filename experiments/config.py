@@ -11,20 +11,29 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from entr_jax.advantages import AdvantageConfig
 from entr_jax.objectives import OBJECTIVES
-from entr_jax.sampling_filter import check_filter
-from entr_jax.sharding import MeshConfig
 from entr_jax.staleness import StalenessConfig
 from learners.logging import LoggingConfig
 from entr_jax.tasks.rewards import VerifierConfig
 from experiments.errors import ConfigError
-from learners.config import LearnerConfig, LearnerOptions
 from learners.contract import check_reference_filters
 from learners.optim import OptimizerConfig
-from samplers.sglang_config import FleetPolicy, check_api_key_source
+from experiments.specs import (  # noqa: F401  (the sections, re-exported with the run's config)
+    MIN_TEMPERATURE,
+    CheckpointSpec,
+    DataSpec,
+    FleetSpec,
+    LearnerSpec,
+    ModelSpec,
+    SamplerSpec,
+    SamplingSpec,
+    SFTSpec,
+    TaskSpec,
+    require,
+)
 
 _ALIASES = {"estr"}  # registry aliases, not separate config sections
 
@@ -100,319 +109,6 @@ def _check_numbers(cfg: Any, prefix: str = "") -> None:
             raise ValueError(f"{name} must be in [0, 2**32), got {value!r}")
 
 
-def _require(ok: bool, field: str, value: Any, what: str) -> None:
-    if not ok:
-        raise ValueError(f"{field} must be {what}, got {value!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSpec:
-    """Which policy to train.
-
-    Attributes:
-      path: local Hugging Face directory (config.json, safetensors, tokenizer files);
-        empty = the embedded tiny default (``entr_jax/assets/tiny``, weights from
-        ``init_seed``).
-      init_seed: seed of the random initialisation of the tiny default.
-      dtype: learner compute dtype.
-      param_dtype: parameter storage dtype.
-      sampler_dtype: compute dtype of the embedded sampler (bfloat16 against a float32
-        learner is a real train/inference mismatch).
-      sha256: the expected sha256 of ``path``'s weights (hex; the ``*.safetensors`` files
-        hashed one after the other in name order, so for one file it is
-        ``sha256sum model.safetensors``); a run refuses other weights before any work.
-        Freezes a warm start in an experiment's spec. Empty = not checked.
-      remat: the learner's rematerialisation of each decoder layer in the backward pass
-        (`entr_jax.model.layers.REMAT_POLICIES`): ``dots`` (default) keeps the weight
-        matmuls' outputs and recomputes the rest, ``full`` recomputes the whole layer,
-        ``none`` keeps everything. Same values; memory, step and compile time differ
-        (`benchmarks/remat.py`, `docs/performance.md`).
-      attention: the learner's attention implementation
-        (`entr_jax.model.attention_impl`): ``auto`` (cuDNN on GPU in bf16, Pallas splash
-        on TPU, the blocked XLA form otherwise), ``xla_blocked``, ``xla``, ``cudnn``,
-        ``splash``. The same values to float rounding.
-    """
-
-    path: str = ""
-    init_seed: int = 0
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    param_dtype: Literal["float32", "bfloat16"] = "float32"
-    sampler_dtype: Literal["float32", "bfloat16"] = "float32"
-    sha256: str = ""
-    remat: Literal["none", "dots", "full"] = "dots"
-    attention: Literal["auto", "xla_blocked", "xla", "cudnn", "splash"] = "auto"
-
-    def __post_init__(self):
-        _require(not self.sha256 or (len(self.sha256) == 64 and all(
-            c in "0123456789abcdef" for c in self.sha256)), "model.sha256", self.sha256,
-            "64 lower-case hex digits (sha256sum's output), or empty")
-        _require(not self.sha256 or bool(self.path), "model.sha256", self.sha256,
-                 "empty without model.path (the embedded default's weights are initialised "
-                 "from model.init_seed, not read)")
-        _require(self.remat in ("none", "dots", "full"), "model.remat", self.remat,
-                 "one of 'none', 'dots', 'full'")
-        _require(self.attention in ("auto", "xla_blocked", "xla", "cudnn", "splash"),
-                 "model.attention", self.attention,
-                 "one of 'auto', 'xla_blocked', 'xla', 'cudnn', 'splash'")
-
-
-@dataclasses.dataclass(frozen=True)
-class DataSpec:
-    """Where data files are found (`entr_jax.data.files.locate`).
-
-    Attributes:
-      dir: a data folder laid out as ``<dataset>/<split>.jsonl`` (``gsm8k/test.jsonl``,
-        ``math500/test.jsonl``, ...), looked up first; empty = ``$ENTR_DATA_DIR`` when set.
-        Files not found there come from the package (GSM8K train), the user cache, or a
-        checksum-checked download of the pinned upstream (``entr-data fetch`` ahead of
-        time, e.g. ``entr-data fetch --dir DIR`` for nodes without internet).
-    """
-
-    dir: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskSpec:
-    """What the policy is trained and evaluated on (data files: `DataSpec`).
-
-    Attributes:
-      name: ``arithmetic`` (the calculator annotations of GSM8K's training solutions,
-        integer answers scored exactly, `entr_jax.tasks.exact.ExactNumberScorer`),
-        ``chain_sum`` (chains of ``+``/``-`` answered with one worked step per line,
-        long responses for the stress regime; `entr_jax.data.chains`),
-        ``gsm8k`` (single turn), ``gsm8k_calculator`` (multi-turn with a calculator tool),
-        ``math`` (MATH-style, evaluated on MATH-500/AIME24/AMC23), ``search`` (multi-hop
-        questions over a local BM25 corpus).
-      template: ``plain`` for base models, ``chat`` for instruct models.
-      prompts_per_step: P prompts per rollout batch.
-      samples_per_prompt: G samples per prompt (the GRPO group; >= 2, since every
-        advantage estimator is group-relative and a group of one has advantage 0).
-      max_new_tokens: generation budget per turn.
-      max_turns: turns per episode (multi-turn tasks).
-      max_total_tokens: bound on the response tokens of one episode, policy and
-        environment tokens together, all turns (the prompt does not count;
-        `entr_jax.tasks.rollout`); >= ``max_new_tokens``. Checked against the model's
-        context (``max_position_embeddings``) with the task's longest prompt before any work.
-      eval_examples: held-out examples per evaluation benchmark (0 = all).
-      eval_samples: k samples per example for avg@k / pass@k (sampled evaluation).
-      arithmetic_max_chars: ``arithmetic`` only: longest expression kept (characters,
-        spaces removed; `entr_jax.data.sources.gsm8k_arithmetic`).
-      arithmetic_ops: ``arithmetic`` only: keep expressions whose operators are all in
-        this set (e.g. ``"+-"`` for sums and differences).
-      chain_terms_min, chain_terms_max: ``chain_sum`` only: terms per chain (each problem
-        draws one count in this range; `entr_jax.data.chains`).
-      chain_digits_min, chain_digits_max: ``chain_sum`` only: digits per term.
-      chain_train_size: ``chain_sum`` only: training problems generated (held-out
-        problems come from another seed; ``eval_examples`` of them are used, 0 = 1000).
-      chain_style: ``chain_sum`` only: ``reduce`` (each line the new total and the rest
-        of the chain) or ``running`` (each line ``total op term = new total``).
-      chain_min_solution_chars: ``chain_sum`` only: drop problems whose worked solution
-        is shorter (with the tiny tokenizer, ``c`` characters are ``c - 2`` response
-        tokens with the EOS, ``c - 3`` for a negative answer (``" -"`` is one token): 67
-        guarantees >= 64).
-    """
-
-    name: Literal["arithmetic", "chain_sum", "gsm8k", "gsm8k_calculator", "math",
-                  "search"] = "arithmetic"
-    template: Literal["plain", "chat"] = "plain"
-    prompts_per_step: int = 16
-    samples_per_prompt: int = 8
-    max_new_tokens: int = 16
-    max_turns: int = 1
-    max_total_tokens: int = 256
-    eval_examples: int = 256
-    eval_samples: int = 4
-    arithmetic_max_chars: int = 30
-    arithmetic_ops: str = "+-*/"
-    chain_terms_min: int = 9
-    chain_terms_max: int = 9
-    chain_digits_min: int = 2
-    chain_digits_max: int = 2
-    chain_train_size: int = 20000
-    chain_style: Literal["reduce", "running"] = "reduce"
-    chain_min_solution_chars: int = 0
-
-    def __post_init__(self):
-        for f in ("arithmetic_max_chars", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "max_turns",
-                  "max_total_tokens", "eval_samples"):
-            _require(getattr(self, f) >= 1, f"task.{f}", getattr(self, f), ">= 1")
-        _require(self.eval_examples >= 0, "task.eval_examples", self.eval_examples, ">= 0")
-        _require(self.max_total_tokens >= self.max_new_tokens, "task.max_total_tokens",
-                 self.max_total_tokens, f">= task.max_new_tokens ({self.max_new_tokens}); the "
-                 "episode budget counts response tokens only, so a smaller one would silently "
-                 "cut every generation")
-        _require(bool(self.arithmetic_ops) and set(self.arithmetic_ops) <= set("+-*/"),
-                 "task.arithmetic_ops", self.arithmetic_ops, "a non-empty subset of '+-*/'")
-        _require(self.chain_terms_min >= 2, "task.chain_terms_min", self.chain_terms_min, ">= 2")
-        _require(self.chain_terms_max >= self.chain_terms_min, "task.chain_terms_max",
-                 self.chain_terms_max, f">= task.chain_terms_min ({self.chain_terms_min})")
-        _require(self.chain_digits_min >= 1, "task.chain_digits_min", self.chain_digits_min, ">= 1")
-        _require(self.chain_digits_max >= self.chain_digits_min, "task.chain_digits_max",
-                 self.chain_digits_max, f">= task.chain_digits_min ({self.chain_digits_min})")
-        _require(self.chain_train_size >= 1, "task.chain_train_size", self.chain_train_size, ">= 1")
-        _require(self.chain_style in ("reduce", "running"), "task.chain_style", self.chain_style,
-                 "'reduce' or 'running'")
-        _require(self.chain_min_solution_chars >= 0, "task.chain_min_solution_chars",
-                 self.chain_min_solution_chars, ">= 0")
-
-
-@dataclasses.dataclass(frozen=True)
-class FleetSpec(FleetPolicy):
-    """The SGLang fleet's timeouts, retries and health rules (``sampler.kind=sglang``
-    only): every field is `samplers.sglang_config.FleetPolicy`'s, e.g.
-    ``--sampler.fleet.request_timeout_s 120 --sampler.fleet.outage_wait_s 1800``."""
-
-    FIELD_PREFIX: ClassVar[str] = "sampler.fleet."
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplerSpec:
-    """Which sampler generates the rollouts.
-
-    Attributes:
-      kind: ``jax`` (the embedded `samplers.jax_sampler.JaxSampler`, default) or
-        ``sglang`` (a fleet of SGLang servers, `samplers.sglang_fleet.SGLangFleet`; start
-        them as in ``docs/sglang.md``). With ``sglang``, new weights are exported as
-        Hugging Face safetensors and loaded with ``/update_weights_from_disk``; simulated
-        intra-trajectory switches are not available (use ``staleness.mode=async`` for real
-        in-flight updates).
-      server_urls: the SGLang servers (``sglang`` only), e.g. ``http://127.0.0.1:30000``.
-        Weight pushes, pause/continue and the version check go to each of them directly.
-      router_url: an ``sglang-router`` in front of ``server_urls`` (``sglang`` only; empty =
-        none): generation then goes through it (``docs/sglang.md``).
-      api_key: where the fleet's API key (sent as a bearer token) is read from when the
-        job starts: ``env:NAME`` (an environment variable) or ``file:PATH`` (the first
-        line of a file); empty = no key. Never the key itself, so config.json, checkpoints,
-        TensorBoard and W&B hold only this reference (`samplers.sglang_config.read_api_key`).
-      export_dir: where weight exports go (empty: ``<run_dir>/exports``).
-      fleet: the fleet's timeouts, retries and health rules (``sglang`` only; `FleetSpec`).
-      max_batch_size: rows per device batch of the embedded sampler.
-      min_prompt_bucket: ``jax`` only: the smallest prompt bucket of the embedded sampler
-        (tokens, >= 1; `samplers.jax_sampler.JaxSamplerConfig`): prompts are padded to a
-        power of two at least this large. 8 fits short prompts (the quickstart's are at
-        most 6 tokens) without padding them to 16: half the prefill and a smaller KV cache.
-      logit_noise_std: ``jax`` only: a SYNTHETIC train/inference mismatch (the stress
-        testbed's stand-in for an engine's numerics at a scale where bf16 alone shows
-        little; `samplers.jax_mismatch`): Gaussian noise of this standard deviation (logit
-        units) on the sampler's logits, seeded per token. The learner never sees it;
-        ``logp_mu``/``entropy_mu`` describe the perturbed distribution that sampled, so the
-        importance ratio carries the mismatch. 0 = off.
-      scan_layers: ``jax`` only: the embedded sampler scans over stacked layers (a smaller
-        program, compiled faster) instead of unrolling one buffer per layer (each decode
-        step reads its weights and cache once; the default: faster decoding on CPU,
-        `samplers.jax_sampler.JaxSamplerConfig.scan_layers`). Same tokens to float
-        rounding.
-      num_devices: ``jax`` only: data-parallel replicas of the embedded sampler
-        (`samplers.jax_sampler.JaxSamplerConfig.num_devices`), each on one of this
-        process's local devices with a full copy of the weights and its own KV cache; the
-        rollout batch is spread over them. 1 (default) = no replicas: one program, placed
-        where the published weights are, i.e. with the learner's sharding (on a
-        multi-device learner mesh XLA partitions the sampler's computation over it).
-        -1 = every local device (e.g. the 8 GPUs of a node); it is saved as -1 in
-        ``config.json`` and resolved per process at start. The tokens, versions and finish
-        reasons agree with the default's (a token can differ only where its uniform falls
-        within float rounding of a CDF boundary); ``logp_mu``/``entropy_mu`` agree to float
-        rounding (other batch shapes). On CPU, JAX shows one device unless the process
-        starts with ``XLA_FLAGS=--xla_force_host_platform_device_count=N``, and the
-        learner mesh then tiles those N devices too (``learner.mesh``).
-      weight_quant: ``jax`` only: serve the linear layers' weights quantised with qwix and
-        dequantised (``int8``, ``fp8`` e4m3 or ``int4``, one scale per output channel), as
-        a weight-quantised inference engine does, while the learner keeps its own weights
-        (`samplers.jax_quant`): a deterministic, context-dependent train/inference
-        mismatch, correlated across the vocabulary. ``none`` (default) = off.
-      recompute_kv_on_swap: ``jax`` only: after an in-flight weight switch, rebuild the KV
-        cache under the new weights (default; each token is exactly its version's
-        conditional) or, when false, keep the stale cache as in-flight engines
-        (PipelineRL-style) do, so ``logp_mu`` is that of the mixed computation that
-        sampled (`samplers.jax_sampler` module docstring).
-    """
-
-    kind: Literal["jax", "sglang"] = "jax"
-    server_urls: tuple[str, ...] = ()
-    router_url: str = ""
-    api_key: str = ""
-    export_dir: str = ""
-    fleet: FleetSpec = FleetSpec()
-    max_batch_size: int = 256
-    min_prompt_bucket: int = 8
-    logit_noise_std: float = 0.0
-    scan_layers: bool = False
-    num_devices: int = 1
-    weight_quant: Literal["none", "int8", "fp8", "int4"] = "none"
-    recompute_kv_on_swap: bool = True
-
-    def __post_init__(self):
-        if self.kind not in ("jax", "sglang"):
-            raise ValueError(f"sampler.kind must be 'jax' or 'sglang', got {self.kind!r}")
-        _require(self.kind != "sglang" or len(self.server_urls) > 0, "sampler.server_urls",
-                 self.server_urls, "non-empty when sampler.kind is 'sglang'")
-        _require(not self.router_url or (self.kind == "sglang" and self.router_url.startswith(
-            ("http://", "https://"))), "sampler.router_url", self.router_url,
-            "empty, or an http(s):// URL with sampler.kind 'sglang'")
-        check_api_key_source(self.api_key, "sampler.api_key")
-        _require(self.max_batch_size >= 1, "sampler.max_batch_size", self.max_batch_size, ">= 1")
-        _require(self.min_prompt_bucket >= 1, "sampler.min_prompt_bucket",
-                 self.min_prompt_bucket, ">= 1")
-        _require(self.logit_noise_std >= 0, "sampler.logit_noise_std", self.logit_noise_std,
-                 ">= 0")
-        _require(self.kind == "jax" or self.logit_noise_std == 0, "sampler.logit_noise_std",
-                 self.logit_noise_std, "0 with sampler.kind='sglang' (synthetic noise exists "
-                 "only in the embedded sampler)")
-        _require(self.num_devices == -1 or self.num_devices >= 1, "sampler.num_devices",
-                 self.num_devices, "-1 (every local device) or >= 1")
-        _require(self.kind == "jax" or self.num_devices == 1, "sampler.num_devices",
-                 self.num_devices, "1 with sampler.kind='sglang' (replicas are the embedded "
-                 "sampler's; a fleet has its servers)")
-        _require(self.weight_quant in ("none", "int8", "fp8", "int4"), "sampler.weight_quant",
-                 self.weight_quant, "one of none, int8, fp8, int4")
-        _require(self.kind == "jax" or self.weight_quant == "none", "sampler.weight_quant",
-                 self.weight_quant, "'none' with sampler.kind='sglang' (serve a quantised "
-                 "checkpoint with SGLang's own --quantization instead)")
-        _require(self.kind == "jax" or self.recompute_kv_on_swap, "sampler.recompute_kv_on_swap",
-                 self.recompute_kv_on_swap, "true with sampler.kind='sglang' (the fleet's "
-                 "engine decides what happens to its cache on a weight update)")
-
-
-MIN_TEMPERATURE = 0.01
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplingSpec:
-    """Rollout sampling parameters (RL defaults: no filtering).
-
-    The learner scores the same tempered, filtered distribution (``LearnerConfig`` gets
-    these values), so on-policy ``logp_pi == logp_mu``. Filters (``top_p < 1``,
-    ``top_k != -1``, ``min_p > 0``) need ``sampler.kind='jax'``: SGLang reports log-probs
-    from before its filters (``docs/sglang.md``), which could not be matched.
-
-    Attributes:
-      temperature: softmax temperature, >= `MIN_TEMPERATURE` (greedy evaluation uses
-        top-1, not T = 0): below it the tempered distribution is an argmax to float32
-        precision wherever the logits differ by more than 1, and the learner's gradient,
-        which scales as 1/T, overflows (NaN at 1e-30).
-      top_p: nucleus mass in (0, 1]; 1 = off.
-      top_k: keep the k most likely tokens (>= 1); -1 = off.
-      min_p: minimum probability relative to the mode, in [0, 1); 0 = off.
-    """
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-
-    def __post_init__(self):
-        _require(self.temperature > 0, "sampling.temperature", self.temperature, "> 0")
-        _require(self.temperature >= MIN_TEMPERATURE, "sampling.temperature", self.temperature,
-                 f">= {MIN_TEMPERATURE} (below it sampling is an argmax to float32 "
-                 "precision and the learner's gradient, which scales as 1/T, overflows; the "
-                 "evaluation's greedy pass is top-1 whatever T is)")
-        _require(0 < self.top_p <= 1, "sampling.top_p", self.top_p, "in (0, 1]")
-        _require(self.top_k == -1 or self.top_k >= 1, "sampling.top_k", self.top_k,
-                 "-1 (disabled) or >= 1")
-        _require(0 <= self.min_p < 1, "sampling.min_p", self.min_p, "in [0, 1)")
-        check_filter(self.top_k, self.top_p, self.min_p, prefix="sampling.")  # types too
-
-
 # the registry's names as a Literal, so ``--help`` lists them and tyro refuses others
 ObjectiveName = Literal[tuple(sorted(OBJECTIVES))]  # type: ignore[valid-type]
 
@@ -452,96 +148,6 @@ def _objective_spec_class() -> type:
 
 
 ObjectiveSpec = _objective_spec_class()
-
-
-@dataclasses.dataclass(frozen=True)
-class SFTSpec:
-    """Supervised warm start on demonstrations before RL (0 steps disables it).
-
-    Attributes:
-      steps, batch_size, learning_rate, warmup_steps: the supervised pass (AdamW, no
-        weight decay, global-norm clipping at 1).
-      schedule: ``"constant"`` keeps ``learning_rate`` after the warmup; ``"cosine"``
-        decays it to 0 over the ``steps`` (warmup included; `learners.optim.make_schedule`).
-      save_model: write the warm-started policy to ``<run_dir>/sft_model`` in the Hugging
-        Face layout (config, safetensors, tokenizer), so later runs can start from it with
-        ``--model.path <run_dir>/sft_model --sft.steps 0``.
-    """
-
-    steps: int = 0
-    batch_size: int = 64
-    learning_rate: float = 1e-3
-    warmup_steps: int = 10
-    schedule: Literal["constant", "cosine"] = "constant"
-    save_model: bool = True
-
-    def __post_init__(self):
-        _require(self.steps >= 0, "sft.steps", self.steps, ">= 0")
-        _require(self.batch_size >= 1, "sft.batch_size", self.batch_size, ">= 1")
-        _require(self.learning_rate > 0, "sft.learning_rate", self.learning_rate, "> 0")
-        _require(self.warmup_steps >= 0, "sft.warmup_steps", self.warmup_steps, ">= 0")
-        _require(self.schedule in ("constant", "cosine"), "sft.schedule", self.schedule,
-                 "'constant' or 'cosine'")
-        _require(self.schedule == "constant" or self.steps == 0
-                 or self.steps > self.warmup_steps, "sft.steps", self.steps,
-                 f"> sft.warmup_steps ({self.warmup_steps}) with sft.schedule 'cosine'")
-
-    def optimizer(self) -> OptimizerConfig:
-        """The warm start's optimizer: AdamW at ``learning_rate`` after ``warmup_steps``,
-        constant or cosine to 0 at ``steps``, no weight decay, clipping at global norm 1."""
-        return OptimizerConfig(learning_rate=self.learning_rate, warmup_steps=self.warmup_steps,
-                               schedule=self.schedule, total_steps=self.steps,
-                               weight_decay=0.0, max_grad_norm=1.0)
-
-
-# The fields, their defaults and checks are learners.config.LearnerOptions's (errors name
-# learner.<field>); `build` makes the run's learners.config.LearnerConfig. The docstring is
-# the --help text.
-@dataclasses.dataclass(frozen=True)
-class LearnerSpec(LearnerOptions):
-    """Learner step layout.
-
-    Attributes:
-      microbatches: gradient-accumulation microbatches per optimizer update, a memory
-        knob: loss, gradients and metrics are the same for any value (the normalisers and
-        batch-level statistics are those of the whole optimizer batch).
-      minibatches: optimizer updates per pass over a rollout batch (PPO mini-batches; at
-        most the rollout batch's rows, ``task.prompts_per_step * task.samples_per_prompt``;
-        with N processes ``task.prompts_per_step`` must be divisible by N times it, checked
-        when the job starts: `experiments.multiprocess.Share.chunk_indices`).
-      epochs: passes over each rollout batch (PPO epochs). With ``minibatches * epochs > 1``
-        the proximal policy of decoupled objectives (``logp_prox``, computed once per
-        rollout batch before its first update) differs from the current one.
-      mesh: mesh shape (``data``, ``fsdp``, ``tensor``; ``data = -1`` takes the devices
-        left over). A single device is the 1x1x1 mesh.
-      max_bad_steps: stop after this many consecutive non-finite steps.
-      logprob_chunk: sequence chunk of the memory-lean log-prob computation.
-    """
-
-    FIELD_PREFIX: ClassVar[str] = "learner."
-
-    def build(self, *, optimizer: OptimizerConfig, sampling: "SamplingSpec", pad_id: int,
-              seed: int, max_length: int | None = None) -> LearnerConfig:
-        """The learner's configuration: these options, the optimizer, the sampling
-        distribution the learner scores (``sampling``'s temperature and filters), the
-        tokenizer's ``pad_id``, the run's ``seed`` and the longest sequence
-        (``max_length``, None = unbounded)."""
-        options = {f.name: getattr(self, f.name) for f in dataclasses.fields(LearnerOptions)}
-        return LearnerConfig(**options, optimizer=optimizer, temperature=sampling.temperature,
-                             top_k=sampling.top_k, top_p=sampling.top_p, min_p=sampling.min_p,
-                             pad_id=pad_id, max_length=max_length, seed=seed)
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckpointSpec:
-    """Checkpointing: every ``every`` RL steps (0 = only at the end), keep the last ``keep``."""
-
-    every: int = 10
-    keep: int = 3
-
-    def __post_init__(self):
-        _require(self.every >= 0, "checkpoint.every", self.every, ">= 0")
-        _require(self.keep >= 1, "checkpoint.keep", self.keep, ">= 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -589,22 +195,22 @@ class RunConfig:
     def __post_init__(self):
         _check_numbers(self)
         parts = self.name.replace("\\", "/").split("/")
-        _require(bool(self.name.strip()) and not os.path.isabs(self.name)
+        require(bool(self.name.strip()) and not os.path.isabs(self.name)
                  and not {".", ".."} & set(parts) and "" not in parts, "name", self.name,
                  "a non-empty run name inside runs/ (no leading '/', no empty, '.' or '..' "
                  "part): the run directory is runs/<name> unless --run_dir is given")
-        _require(self.rl_steps >= 0, "rl_steps", self.rl_steps, ">= 0")
+        require(self.rl_steps >= 0, "rl_steps", self.rl_steps, ">= 0")
         rows = self.task.prompts_per_step * self.task.samples_per_prompt
-        _require(self.learner.minibatches <= rows, "learner.minibatches", self.learner.minibatches,
+        require(self.learner.minibatches <= rows, "learner.minibatches", self.learner.minibatches,
                  f"<= the rollout batch's {rows} rows (task.prompts_per_step * task.samples_per_prompt)")
-        _require(self.token_samples_every >= 0, "token_samples_every", self.token_samples_every,
+        require(self.token_samples_every >= 0, "token_samples_every", self.token_samples_every,
                  ">= 0 (0 = never)")
-        _require(self.task.samples_per_prompt >= 2, "task.samples_per_prompt",
+        require(self.task.samples_per_prompt >= 2, "task.samples_per_prompt",
                  self.task.samples_per_prompt,
                  f">= 2 with advantages.estimator={self.advantages.estimator!r}: the "
                  "advantage is relative to the prompt's group, so a group of one gets "
                  "advantage 0 and nothing is trained")
-        _require(
+        require(
             not (self.sampler.kind == "sglang" and self.staleness.mode == "simulated"
                  and self.staleness.intra_switches > 0),
             "staleness.intra_switches", self.staleness.intra_switches,
@@ -612,14 +218,14 @@ class RunConfig:
             "staleness.mode=async for real in-flight updates)",
         )
         st = self.staleness
-        _require(st.mode != "simulated" or st.intra_switches == 0
+        require(st.mode != "simulated" or st.intra_switches == 0
                  or st.switch_window <= self.task.max_new_tokens,
                  "staleness.switch_window", st.switch_window,
                  f"<= task.max_new_tokens ({self.task.max_new_tokens}) with intra switches: a "
                  "switch at a decode step no response reaches can never happen")
         if self.sampler.kind == "sglang":
             for name, off in (("top_p", 1.0), ("top_k", -1), ("min_p", 0.0)):
-                _require(getattr(self.sampling, name) == off, f"sampling.{name}",
+                require(getattr(self.sampling, name) == off, f"sampling.{name}",
                          getattr(self.sampling, name),
                          f"{off} (off) with sampler.kind='sglang': SGLang returns log-probs of "
                          "the tempered distribution before top-k/top-p/min-p, so the learner "
@@ -642,7 +248,7 @@ class RunConfig:
         source = getattr(self.objective.selected(), "entropy_source", None)
         if source is not None and source != "current_full":
             need = "behavior_topk" if self.sampler.kind == "sglang" else "behavior_full"
-            _require(source == need, f"objective.{section}.entropy_source", source,
+            require(source == need, f"objective.{section}.entropy_source", source,
                      f"{need!r} or 'current_full' with sampler.kind={self.sampler.kind!r}")
 
     def to_json(self) -> str:
