@@ -12,7 +12,7 @@ Design (see also `samplers.jax_decode` and `samplers.jax_sampling`):
   sampling parameters, seeds, stop sets, lengths and weights are traced arguments.
 * **A KV cache that grows.** A decode step reads every slot of the cache, so the cache
   holds only the slots the next chunk can write: the prompt bucket doubled until it
-  covers them, at most M (`_cache_slots`), grown with zeros between chunks. A response
+  covers them, at most M (`samplers.jax_batches.cache_slots`), grown with zeros between chunks. A response
   that stops early never pays for M; at most ``log2(M / P) + 1`` cache sizes are compiled
   (the speed it buys: docs/performance.md).
 * **Decode loop.** A Python loop over *chunks*; each chunk is one jitted
@@ -20,7 +20,7 @@ Design (see also `samplers.jax_decode` and `samplers.jax_sampling`):
   row is done (so generation stops early). Chunk boundaries are where weights are swapped
   and where `pause` holds; ``steps_per_call = 1`` gives per-step boundaries.
 * **Replicas** (``num_devices > 1``). The device batches are cut so their count is a
-  multiple of the replicas, rows spread evenly (`_device_batches`), and run in waves, one
+  multiple of the replicas, rows spread evenly (`samplers.jax_batches.device_batches`), and run in waves, one
   batch per device, all starting from the same snapshot of the installed weights:
   each chunk is dispatched on every device before any is waited for, so the replicas
   decode concurrently, and every input of a replica (weights, sampling arguments) is put
@@ -77,29 +77,10 @@ from entr_jax.interfaces import SamplingParams
 from entr_jax.model.decoder import Decoder, relayout
 from entr_jax.types import Generation
 from samplers import jax_decode
+from samplers.jax_batches import BatchRun, Programs, Replica, device_batches, pow2_at_least
 from samplers.jax_quant import QTYPES, WeightQuant, quantize_weights
 
 __all__ = ["JaxSampler", "JaxSamplerConfig"]
-
-
-# KV-cache recomputation after a swap covers the written slots rounded up to a multiple of
-# this (one compiled shape per multiple and cache size: at most M / 32 per cache size),
-# most of M's cost saved when swaps land early in the response.
-_RECOMPUTE_GRAIN = 32
-
-
-def _pow2_at_least(n: int, floor: int = 1) -> int:
-    return max(floor, 1 << max(0, int(n) - 1).bit_length())
-
-
-def _cache_slots(p_bucket: int, new_bucket: int, end_step: int) -> int:
-    """KV-cache slots allocated for decode steps up to ``end_step`` (exclusive): the prompt
-    bucket doubled until it covers ``p_bucket + end_step`` slots, at most ``p_bucket +
-    new_bucket``. Step ``t`` writes the slot of position ``len_b + t - 1 < p_bucket + t``.
-    A decode step reads every allocated slot, so this keeps its attention proportional to
-    the response so far (at most 2x), with ``log2(M / P) + 1`` cache shapes at most."""
-    doublings = _pow2_at_least(-(-(p_bucket + end_step) // p_bucket))
-    return min(p_bucket * doublings, p_bucket + new_bucket)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,17 +197,20 @@ class JaxSampler:
             return functools.wraps(fn)(wrapped)
 
         noise = float(config.logit_noise_std)  # static: closed over by both jitted steps
-        self._prefill = jax.jit(
+        prefill = jax.jit(
             counted("prefill", functools.partial(jax_decode.prefill, logit_noise_std=noise)),
             static_argnames=("max_new_bucket", "cache_len", "cache_dtype", "filtered"))
-        self._decode_chunk = jax.jit(
+        decode_chunk = jax.jit(
             counted("decode_chunk", functools.partial(jax_decode.decode_chunk,
                                                       logit_noise_std=noise)),
             static_argnames=("filtered",), donate_argnums=(1,))
-        self._recompute = jax.jit(counted("recompute_cache", jax_decode.recompute_cache),
-                                  static_argnames=("length",), donate_argnums=(1,))
-        self._grow = jax.jit(counted("grow_cache", jax_decode.grow_cache, graph=False),
-                             static_argnames=("length",))
+        self.programs = Programs(  # what a device batch runs (`samplers.jax_batches`)
+            prefill=prefill, decode_chunk=decode_chunk,
+            recompute=jax.jit(counted("recompute_cache", jax_decode.recompute_cache),
+                              static_argnames=("length",), donate_argnums=(1,)),
+            grow=jax.jit(counted("grow_cache", jax_decode.grow_cache, graph=False),
+                         static_argnames=("length",)),
+            dtype=self._dtype)
         self.stats = self._zero_stats()
         self.last_stats = self._zero_stats()
 
@@ -349,16 +333,17 @@ class JaxSampler:
         requests.sort(key=lambda r: len(prompt_arrays[r[0]]))
         self.last_stats = self._zero_stats()
         out: list[list[Generation | None]] = [[None] * num_samples for _ in prompt_arrays]
-        replicas = [_Replica(device,
+        replicas = [Replica(device,
                              [(s, jax.device_put(w, device), v) for s, w, v in schedule],
                              jax.device_put(args, device)) for device in self._devices]
-        batches = _device_batches(len(requests), self.config.max_batch_size, len(replicas))
+        batches = device_batches(len(requests), self.config.max_batch_size, len(replicas))
         for first in range(0, len(batches), len(replicas)):
             wave = [[requests[r] for r in rows] for rows in batches[first:first + len(replicas)]]
             with self._lock:  # one snapshot for the whole wave
                 installed, seq = self._installed, self._install_seq
-            runs = [_BatchRun.start(self, [prompt_arrays[i] for i, _ in chunk], chunk,
-                                    replica, installed, seq)
+            runs = [BatchRun.start([prompt_arrays[i] for i, _ in chunk], chunk, replica,
+                                   installed, seq, max_batch_size=self.config.max_batch_size,
+                                   min_prompt_bucket=self.config.min_prompt_bucket)
                     for replica, chunk in zip(replicas, wave)]
             for run, gens in zip(runs, self._run_wave(runs, params, filtered, new_bucket)):
                 for (i, j), gen in zip(run.request_ids, gens):
@@ -404,9 +389,9 @@ class JaxSampler:
             max_new_tokens=np.int32(p.max_new_tokens), seed=np.uint32(p.seed % 2**32),
         )
         filtered = p.top_k != -1 or p.top_p < 1.0 or p.min_p > 0.0
-        return args, filtered, _pow2_at_least(p.max_new_tokens)
+        return args, filtered, pow2_at_least(p.max_new_tokens)
 
-    def _run_wave(self, runs: list[_BatchRun], params: SamplingParams, filtered,
+    def _run_wave(self, runs: list[BatchRun], params: SamplingParams, filtered,
                   new_bucket) -> list[list[Generation]]:
         """Prefill and decode the device batches ``runs`` (one per replica) to the end,
         each replica's work dispatched before any is waited for, so they run concurrently.
@@ -416,7 +401,7 @@ class JaxSampler:
         self._hold_if_paused()
         t0 = time.perf_counter()
         for run in runs:
-            run.prefill(self, new_bucket, filtered,
+            run.prefill(self.programs, new_bucket, filtered,
                         min(1 + cfg.steps_per_call, params.max_new_tokens))
         for run in runs:
             run.sync(params.max_new_tokens)
@@ -428,8 +413,10 @@ class JaxSampler:
             with self._lock:
                 installed, seq = self._installed, self._install_seq
             for run in active:
-                run.decode_chunk(self, installed, seq, new_bucket, filtered,
-                                 params.max_new_tokens)
+                run.decode_chunk(self.programs, self.last_stats, installed, seq, new_bucket,
+                                 filtered, params.max_new_tokens,
+                                 steps_per_call=cfg.steps_per_call,
+                                 recompute_kv_on_swap=cfg.recompute_kv_on_swap)
             for run in active:
                 self.last_stats["decode_steps"] += run.sync(params.max_new_tokens)
         self.last_stats["decode_time_s"] += time.perf_counter() - t0
@@ -452,158 +439,3 @@ class JaxSampler:
             ))
             self.last_stats["tokens_generated"] += n
         return gens
-
-
-def _device_batches(num_requests: int, max_batch_size: int, replicas: int) -> list[range]:
-    """Consecutive request index ranges of the device batches (none for no request).
-
-    One replica: batches of ``max_batch_size`` rows, the last one shorter. Several: the
-    fewest batches of at most ``max_batch_size`` rows whose count ``n`` is a multiple of
-    ``replicas`` (each wave of ``replicas`` batches runs concurrently, one per device),
-    the rows spread evenly: ``R // n`` each, one more for the first ``R % n``; empty
-    batches (fewer requests than ``n``) are dropped. E.g. ``R = 10``, at most 4 rows, 2
-    replicas: 4 batches of 3, 3, 2, 2 rows."""
-    if replicas == 1:
-        return [range(s, min(s + max_batch_size, num_requests))
-                for s in range(0, num_requests, max_batch_size)]
-    count = -(-num_requests // max_batch_size)
-    count = -(-count // replicas) * replicas
-    size, extra = divmod(num_requests, count) if count else (0, 0)
-    out, start = [], 0
-    for b in range(count):
-        end = start + size + (b < extra)
-        if end > start:
-            out.append(range(start, end))
-        start = end
-    return out
-
-
-@dataclasses.dataclass
-class _Replica:
-    """What one replica's batches share during a call of `JaxSampler.generate`: its
-    ``device`` (None: JAX's default placement; ``jax.device_put`` then leaves arrays as they
-    are and makes host arrays uncommitted), the weight ``schedule`` and the sampling ``args``
-    placed there once (every input of a replica lives on its device: an input on another
-    device is copied through that device's queue, which waits for the other replica's
-    work), and the installed weights placed there, ``installed = (install counter,
-    weights)``, replaced when a newer version is installed."""
-
-    device: Any
-    schedule: list
-    args: Any
-    installed: tuple[int, Any] | None = None
-
-    def weights(self, weights: Any, seq: int) -> Any:
-        """The installed ``weights`` of install counter ``seq`` on this replica's device."""
-        if self.installed is None or self.installed[0] != seq:
-            self.installed = (seq, jax.device_put(weights, self.device))
-        return self.installed[1]
-
-
-@dataclasses.dataclass
-class _BatchRun:
-    """One device batch of `JaxSampler.generate` in flight on one replica.
-
-    Attributes:
-      prompts, request_ids: its rows' prompts and ``(prompt index, sample index)``.
-      replica: its `_Replica`; p_bucket: its prompt bucket.
-      tokens, lens, row_ids, pad_rows: its device inputs (`jax_decode.prefill`).
-      weights, version, seen_seq: the weights it decodes with (on its device), their
-        version, and the sampler's install counter when they were taken.
-      pending: the rest of the weight schedule (on its device).
-      state: its `jax_decode.DecodeState`; step: the host's copy of its step; active: it
-        has steps left to decode.
-    """
-
-    prompts: list
-    request_ids: list
-    replica: _Replica
-    p_bucket: int
-    tokens: Any
-    lens: Any
-    row_ids: Any
-    pad_rows: Any
-    weights: Any
-    version: int
-    seen_seq: int
-    pending: list
-    state: Any = None
-    step: int = 0
-    active: bool = True
-
-    @classmethod
-    def start(cls, sampler: JaxSampler, prompts, request_ids, replica: _Replica,
-              installed: tuple[Any, int], seq: int) -> _BatchRun:
-        """Pads the batch to its buckets, puts it on its replica's device, and takes the
-        weights to start with: ``installed`` (``(weights, version)`` of install counter
-        ``seq``, one snapshot per wave), or the schedule's entry for step 0."""
-        cfg = sampler.config
-        rows = len(prompts)
-        batch = min(_pow2_at_least(rows), cfg.max_batch_size)
-        p_bucket = _pow2_at_least(max(len(p) for p in prompts), cfg.min_prompt_bucket)
-        tokens = np.zeros((batch, p_bucket), np.int32)
-        lens = np.ones((batch,), np.int32)
-        for r, p in enumerate(prompts):
-            tokens[r, :len(p)] = p
-            lens[r] = len(p)
-        row_ids = np.zeros((batch, 2), np.int32)
-        row_ids[:rows] = np.asarray(request_ids, np.int32)
-        pad_rows = np.arange(batch) >= rows
-        tokens, lens, row_ids, pad_rows = (jax.device_put(x, replica.device)
-                                           for x in (tokens, lens, row_ids, pad_rows))
-        run = cls(prompts=prompts, request_ids=request_ids, replica=replica, p_bucket=p_bucket,
-                  tokens=tokens, lens=lens, row_ids=row_ids, pad_rows=pad_rows,
-                  weights=replica.weights(installed[0], seq), version=installed[1],
-                  seen_seq=seq, pending=list(replica.schedule))
-        while run.pending and run.pending[0][0] <= 0:
-            _, run.weights, run.version = run.pending.pop(0)
-        return run
-
-    def prefill(self, sampler: JaxSampler, new_bucket: int, filtered: bool,
-                first_end: int) -> None:
-        """Dispatches the prefill (samples response token 0)."""
-        self.state = sampler._prefill(
-            self.weights, self.tokens, self.lens, self.pad_rows, self.row_ids, self.replica.args,
-            np.int32(self.version), max_new_bucket=new_bucket,
-            cache_len=_cache_slots(self.p_bucket, new_bucket, first_end),
-            cache_dtype=sampler._dtype, filtered=filtered)
-
-    def sync(self, max_new_tokens: int) -> int:
-        """Waits for the dispatched work (one transfer of its step and done flags); returns
-        the decode steps it advanced."""
-        before = self.step
-        step, done = jax.device_get((self.state.step, self.state.done))
-        self.step = int(step)
-        self.active = self.step < max_new_tokens and not done.all()
-        return self.step - before
-
-    def decode_chunk(self, sampler: JaxSampler, installed: tuple[Any, int], seq: int,
-                     new_bucket: int, filtered: bool, max_new_tokens: int) -> None:
-        """Dispatches the next chunk of decode steps, after any weight swap that is due
-        (newly installed weights, or the schedule's next entry) and the cache growth the
-        chunk needs."""
-        cfg = sampler.config
-        swapped = False
-        if seq != self.seen_seq:
-            self.weights = self.replica.weights(installed[0], seq)
-            self.version, self.seen_seq, swapped = installed[1], seq, True
-        while self.pending and self.pending[0][0] <= self.step:
-            _, self.weights, self.version = self.pending.pop(0)
-            swapped = True
-        state = self.state
-        if swapped:
-            sampler.last_stats["weight_swaps"] += 1
-            if cfg.recompute_kv_on_swap:  # only the slots written so far
-                length = min(state.cache.max_len,
-                             -(-(self.p_bucket + self.step) // _RECOMPUTE_GRAIN) * _RECOMPUTE_GRAIN)
-                state = sampler._recompute(self.weights, state, self.tokens, self.lens,
-                                           length=length)
-        end = min(self.step + cfg.steps_per_call, max_new_tokens)
-        if self.pending:
-            end = min(end, self.pending[0][0])
-        slots = _cache_slots(self.p_bucket, new_bucket, end)
-        if slots > state.cache.max_len:
-            state = sampler._grow(state, length=slots)
-        self.state = sampler._decode_chunk(self.weights, state, self.lens, self.row_ids,
-                                           self.replica.args, np.int32(self.version),
-                                           np.int32(end), filtered=filtered)

@@ -261,21 +261,22 @@ def test_inflight_weight_schedule(sampler, models):
 def test_swap_recomputes_only_the_written_cache_slots_with_the_same_result(sampler, models,
                                                                           monkeypatch):
     """After a swap the KV cache is rebuilt over the slots written so far (rounded up to
-    `_RECOMPUTE_GRAIN`), not all M: at grain 4 the swap at step 2 rebuilds 12 of 16 slots,
+    `samplers.jax_batches.RECOMPUTE_GRAIN`), not all M: at grain 4 the swap at step 2 rebuilds 12 of 16 slots,
     and every token, log-prob and entropy is the full rebuild's (the same tokens; log-probs
     within TOL: other matmul shapes round differently, 1.1e-6 here) and its version's
     learner conditional."""
-    from samplers import jax_sampler as js
+    from samplers import jax_batches as jb
 
     m0, m1, m2 = models
     schedule = [(2, nnx.state(m1), 1), (5, m2, 2)]
     params = SamplingParams(max_new_tokens=8, seed=2)
     full = flat(sampler.generate(PROMPTS, params, num_samples=2, weight_schedule=schedule))
-    monkeypatch.setattr(js, "_RECOMPUTE_GRAIN", 4)
+    monkeypatch.setattr(jb, "RECOMPUTE_GRAIN", 4)
     seen = []
-    original = sampler._recompute
-    monkeypatch.setattr(sampler, "_recompute",
-                        lambda *a, length: seen.append(length) or original(*a, length=length))
+    original = sampler.programs.recompute
+    monkeypatch.setattr(sampler, "programs", dataclasses.replace(
+        sampler.programs,
+        recompute=lambda *a, length: seen.append(length) or original(*a, length=length)))
     part = flat(sampler.generate(PROMPTS, params, num_samples=2, weight_schedule=schedule))
     assert seen == [12, 16]  # prompt bucket 8 + step 2 -> 12; 8 + 5 -> 16 = M
     for a, b in zip(full, part):
@@ -286,7 +287,7 @@ def test_swap_recomputes_only_the_written_cache_slots_with_the_same_result(sampl
 
 
 def test_kv_cache_grows_with_the_response_and_changes_no_token(sampler, models, monkeypatch):
-    """The KV cache holds only the slots the next chunk can write (`_cache_slots`: the
+    """The KV cache holds only the slots the next chunk can write (`samplers.jax_batches.cache_slots`: the
     prompt bucket doubled, at most M) and grows between chunks: with prompt bucket 8, 16
     new tokens (M = 24) and 3 steps per chunk, prefill allocates 16 slots and the chunk
     ending at step 10 grows them to 24 (8 + 10 > 16). An 8-token prompt fills its bucket,
@@ -294,29 +295,30 @@ def test_kv_cache_grows_with_the_response_and_changes_no_token(sampler, models, 
     change its later tokens. The tokens are those of a cache of all M slots from the start,
     and every log-prob and entropy the learner's; a swap at step 5 rebuilds the cache while
     it holds 16 of the 24 slots, and each token is its version's conditional."""
-    from samplers import jax_sampler as js
+    from samplers import jax_batches as jb
 
-    assert [js._cache_slots(8, 16, e) for e in (1, 4, 8, 9, 16)] == [16, 16, 16, 24, 24]
-    assert [js._cache_slots(32, 512, e) for e in (32, 33, 96, 97, 480, 512)] == [
+    assert [jb.cache_slots(8, 16, e) for e in (1, 4, 8, 9, 16)] == [16, 16, 16, 24, 24]
+    assert [jb.cache_slots(32, 512, e) for e in (32, 33, 96, 97, 480, 512)] == [
         64, 128, 128, 256, 512, 544]
     prompts = PROMPTS + [[3, 14, 15, 92, 65, 35, 89, 79]]  # 8 tokens: a full bucket
     params = SamplingParams(max_new_tokens=16, seed=6)
     seen, rebuilt = [], []
-    grow, recompute = sampler._grow, sampler._recompute
-    monkeypatch.setattr(sampler, "_grow",
-                        lambda state, length: seen.append((state.cache.max_len, length))
-                        or grow(state, length=length))
+    grow, recompute = sampler.programs.grow, sampler.programs.recompute
+    monkeypatch.setattr(sampler, "programs", dataclasses.replace(
+        sampler.programs, grow=lambda state, length: seen.append((state.cache.max_len, length))
+        or grow(state, length=length)))
     grown = flat(sampler.generate(prompts, params))
     assert seen == [(16, 24)]
     m0, m1, _ = models
-    monkeypatch.setattr(sampler, "_recompute",
-                        lambda w, state, *a, length: rebuilt.append((state.cache.max_len, length))
-                        or recompute(w, state, *a, length=length))
+    monkeypatch.setattr(sampler, "programs", dataclasses.replace(
+        sampler.programs,
+        recompute=lambda w, state, *a, length: rebuilt.append((state.cache.max_len, length))
+        or recompute(w, state, *a, length=length)))
     swapped = flat(sampler.generate(prompts, params,
                                     weight_schedule=[(5, m1, 1)]))
     assert rebuilt == [(16, 16)] and seen == [(16, 24)] * 2
     check_versions(swapped, {0: m0, 1: m1}, np.array([0] * 5 + [1] * 11, np.int32))
-    monkeypatch.setattr(js, "_cache_slots", lambda p_bucket, new_bucket, end: p_bucket + new_bucket)
+    monkeypatch.setattr(jb, "cache_slots", lambda p_bucket, new_bucket, end: p_bucket + new_bucket)
     full = flat(sampler.generate(prompts, params))
     assert seen == [(16, 24)] * 2  # no growth when all M slots are allocated at prefill
     for a, b, (logp, ent, _) in zip(grown, full, learner_view(m0, grown)):
@@ -568,10 +570,10 @@ def test_draw_searches_blocks_with_the_same_rule_over_a_vocabulary_of_many_block
 
 
 def test_device_batches_spread_rows_over_the_replicas():
-    from samplers.jax_sampler import _device_batches
+    from samplers.jax_batches import device_batches
 
     def sizes(r, m, d):
-        got = _device_batches(r, m, d)
+        got = device_batches(r, m, d)
         assert [x for b in got for x in b] == list(range(r))  # consecutive, all, once
         return [len(b) for b in got]
 
@@ -599,6 +601,7 @@ def test_replicas_sample_the_tokens_of_one_device(sampler, replicated, models, m
     """Spreading the batch over replicas changes no draw: same tokens, versions and finish
     reasons as the single-device sampler, with a weight schedule and stop tokens; the
     log-probs agree to float rounding (other batch shapes)."""
+    from samplers import jax_batches as jb
     from samplers import jax_sampler as js
 
     _, m1, m2 = models
@@ -624,11 +627,11 @@ def test_replicas_sample_the_tokens_of_one_device(sampler, replicated, models, m
         np.testing.assert_allclose(a.entropy_mu, b.entropy_mu, atol=TOL)
     assert devices == [{jax.local_devices()[0]}, {jax.local_devices()[1]}] * 2
     # The counters sum the 4 batches: requests sorted by prompt length, cut by
-    # _device_batches; a batch decodes until its longest row (token 0 is the prefill's)
+    # device_batches; a batch decodes until its longest row (token 0 is the prefill's)
     # and swaps at steps 2 and 5 if it is still running there.
     order = sorted(range(12), key=lambda r: len(PROMPTS[r // 3]))
     longest = [max(len(one[order[r]].response_ids) for r in rows)
-               for rows in js._device_batches(12, 4, 2)]
+               for rows in jb.device_batches(12, 4, 2)]
     st = replicated.last_stats
     assert st["prefills"] == 4
     assert st["decode_steps"] == sum(n - 1 for n in longest)
