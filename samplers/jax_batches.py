@@ -2,8 +2,37 @@
 into batches over the replicas, how big the KV cache of a batch is, and one batch in flight
 (prefill, then chunks of decode steps with weight swaps and cache growth between them).
 
-The design (buckets, the growing cache, replicas, swaps) is described in
-`samplers.jax_sampler`'s module docstring."""
+Design:
+
+* **Bucketed static shapes.** The ``R = num_prompts * num_samples`` requests are sorted by
+  prompt length and cut into device batches of at most ``max_batch_size`` rows. Each batch
+  is padded to a batch bucket (powers of two up to ``max_batch_size``), its prompts to a
+  prompt bucket (powers of two, at least ``min_prompt_bucket``) and the response budget to
+  a new-token bucket (powers of two), with at most ``M = prompt bucket + new-token
+  bucket`` cache slots. One compilation per (bucket triple, filtering on/off, cache size);
+  sampling parameters, seeds, stop sets, lengths and weights are traced arguments.
+* **A KV cache that grows.** A decode step reads every slot of the cache, so the cache
+  holds only the slots the next chunk can write: the prompt bucket doubled until it
+  covers them, at most M (`cache_slots`), grown with zeros between chunks. A response
+  that stops early never pays for M; at most ``log2(M / P) + 1`` cache sizes are compiled
+  (the speed it buys: docs/performance.md).
+* **Decode loop.** A Python loop over *chunks*; each chunk is one jitted
+  ``lax.while_loop`` of up to ``steps_per_call`` decode steps that exits as soon as every
+  row is done (so generation stops early). Chunk boundaries are where weights are swapped
+  and where `pause` holds; ``steps_per_call = 1`` gives per-step boundaries.
+* **Replicas** (``num_devices > 1``). The device batches are cut so their count is a
+  multiple of the replicas, rows spread evenly (`device_batches`), and run in waves, one
+  batch per device, all starting from the same snapshot of the installed weights:
+  each chunk is dispatched on every device before any is waited for, so the replicas
+  decode concurrently, and every input of a replica (weights, sampling arguments) is put
+  on its device, since one read from another device's queue would wait for that device's
+  work. On CPU this is how the sampler uses more than one core: XLA:CPU runs the small
+  matmuls of a decode step on one thread, while each host device runs its own program
+  (`docs/performance.md`).
+  Weight swaps, the schedule and `pause` act at the same boundaries for all replicas.
+  Each jitted function compiles once per device; ``stats`` sum over all device batches.
+
+Weight versions, determinism and the statistics: `samplers.jax_sampler`."""
 
 from __future__ import annotations
 
@@ -12,6 +41,8 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
+
+from entr_jax.types import Generation
 
 # KV-cache recomputation after a swap covers the written slots rounded up to a multiple of
 # this (one compiled shape per multiple and cache size: at most M / 32 per cache size),
@@ -201,3 +232,25 @@ class BatchRun:
         self.state = programs.decode_chunk(self.weights, state, self.lens, self.row_ids,
                                            self.replica.args, np.int32(self.version),
                                            np.int32(end), filtered=filtered)
+
+    def generations(self, params: Any, vocab_size: int,
+                    stats: dict[str, float]) -> list[Generation]:
+        """Its rows as `Generation`s (one host transfer), each cut after its first stop
+        token or at ``params.max_new_tokens``; counts them in ``stats["tokens_generated"]``."""
+        tok, logp, ent, ver = jax.device_get(
+            (self.state.tokens, self.state.logp_mu, self.state.entropy_mu,
+             self.state.token_version))
+        stop = np.zeros((vocab_size,), bool)
+        stop[list(params.stop_token_ids)] = True
+        gens = []
+        for r, prompt in enumerate(self.prompts):
+            budget = params.max_new_tokens
+            hits = np.flatnonzero(stop[tok[r, :budget]])
+            n = int(hits[0]) + 1 if hits.size else budget
+            gens.append(Generation(
+                prompt_ids=prompt, response_ids=tok[r, :n].copy(), logp_mu=logp[r, :n].copy(),
+                entropy_mu=ent[r, :n].copy(), token_version=ver[r, :n].copy(),
+                finish_reason="stop" if hits.size else "length",
+            ))
+            stats["tokens_generated"] += n
+        return gens

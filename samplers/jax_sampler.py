@@ -1,35 +1,10 @@
 """`JaxSampler`: the embedded JAX sampler (batched prefill + KV-cache decode, in-flight
 weight swaps), implementing `entr_jax.interfaces.Sampler`.
 
-Design (see also `samplers.jax_decode` and `samplers.jax_sampling`):
+Design (see also `samplers.jax_batches`, `samplers.jax_decode` and `samplers.jax_sampling`):
 
-* **Bucketed static shapes.** The ``R = num_prompts * num_samples`` requests are sorted by
-  prompt length and cut into device batches of at most ``max_batch_size`` rows. Each batch
-  is padded to a batch bucket (powers of two up to ``max_batch_size``), its prompts to a
-  prompt bucket (powers of two, at least ``min_prompt_bucket``) and the response budget to
-  a new-token bucket (powers of two), with at most ``M = prompt bucket + new-token
-  bucket`` cache slots. One compilation per (bucket triple, filtering on/off, cache size);
-  sampling parameters, seeds, stop sets, lengths and weights are traced arguments.
-* **A KV cache that grows.** A decode step reads every slot of the cache, so the cache
-  holds only the slots the next chunk can write: the prompt bucket doubled until it
-  covers them, at most M (`samplers.jax_batches.cache_slots`), grown with zeros between chunks. A response
-  that stops early never pays for M; at most ``log2(M / P) + 1`` cache sizes are compiled
-  (the speed it buys: docs/performance.md).
-* **Decode loop.** A Python loop over *chunks*; each chunk is one jitted
-  ``lax.while_loop`` of up to ``steps_per_call`` decode steps that exits as soon as every
-  row is done (so generation stops early). Chunk boundaries are where weights are swapped
-  and where `pause` holds; ``steps_per_call = 1`` gives per-step boundaries.
-* **Replicas** (``num_devices > 1``). The device batches are cut so their count is a
-  multiple of the replicas, rows spread evenly (`samplers.jax_batches.device_batches`), and run in waves, one
-  batch per device, all starting from the same snapshot of the installed weights:
-  each chunk is dispatched on every device before any is waited for, so the replicas
-  decode concurrently, and every input of a replica (weights, sampling arguments) is put
-  on its device, since one read from another device's queue would wait for that device's
-  work. On CPU this is how the sampler uses more than one core: XLA:CPU runs the small
-  matmuls of a decode step on one thread, while each host device runs its own program
-  (`docs/performance.md`).
-  Weight swaps, the schedule and `pause` act at the same boundaries for all replicas.
-  Each jitted function compiles once per device; ``stats`` sum over all device batches.
+* **Device batches** (`samplers.jax_batches`): requests sorted by prompt length and cut
+  into bucketed static shapes, a KV cache that grows with the response, replicas.
 * **Determinism.** Response token ``t`` of sample ``j`` of prompt ``i`` is drawn with the key
   ``fold_in(fold_in(fold_in(key(seed mod 2**32), i), j), t)`` (``i`` = index in the
   ``prompts`` argument); it gives the token's one uniform, which is inverted through the
@@ -420,22 +395,5 @@ class JaxSampler:
             for run in active:
                 self.last_stats["decode_steps"] += run.sync(params.max_new_tokens)
         self.last_stats["decode_time_s"] += time.perf_counter() - t0
-        return [self._to_generations(run.prompts, run.state, params) for run in runs]
-
-    def _to_generations(self, prompts, state, params: SamplingParams) -> list[Generation]:
-        tok, logp, ent, ver = jax.device_get(
-            (state.tokens, state.logp_mu, state.entropy_mu, state.token_version))
-        stop = np.zeros((self.model_config.vocab_size,), bool)
-        stop[list(params.stop_token_ids)] = True
-        gens = []
-        for r, prompt in enumerate(prompts):
-            budget = params.max_new_tokens
-            hits = np.flatnonzero(stop[tok[r, :budget]])
-            n = int(hits[0]) + 1 if hits.size else budget
-            gens.append(Generation(
-                prompt_ids=prompt, response_ids=tok[r, :n].copy(), logp_mu=logp[r, :n].copy(),
-                entropy_mu=ent[r, :n].copy(), token_version=ver[r, :n].copy(),
-                finish_reason="stop" if hits.size else "length",
-            ))
-            self.last_stats["tokens_generated"] += n
-        return gens
+        return [run.generations(params, self.model_config.vocab_size, self.last_stats)
+                for run in runs]

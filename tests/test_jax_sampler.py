@@ -602,7 +602,6 @@ def test_replicas_sample_the_tokens_of_one_device(sampler, replicated, models, m
     reasons as the single-device sampler, with a weight schedule and stop tokens; the
     log-probs agree to float rounding (other batch shapes)."""
     from samplers import jax_batches as jb
-    from samplers import jax_sampler as js
 
     _, m1, m2 = models
     free = flat(sampler.generate(PROMPTS, SamplingParams(max_new_tokens=8, seed=3), 3))
@@ -611,9 +610,9 @@ def test_replicas_sample_the_tokens_of_one_device(sampler, replicated, models, m
     schedule = [(2, nnx.state(m1), 1), (5, m2, 2)]
     one = flat(sampler.generate(PROMPTS, params, 3, weight_schedule=schedule))
     devices = []
-    real = js.JaxSampler._to_generations
-    monkeypatch.setattr(js.JaxSampler, "_to_generations", lambda self, prompts, state, p: (
-        devices.append(state.tokens.devices()), real(self, prompts, state, p))[1])
+    real = jb.BatchRun.generations
+    monkeypatch.setattr(jb.BatchRun, "generations", lambda self, p, vocab, stats: (
+        devices.append(self.state.tokens.devices()), real(self, p, vocab, stats))[1])
     # every input of a replica is put on its device explicitly: no implicit copy between
     # devices (one would queue behind the other replica's work)
     with jax.transfer_guard_device_to_device("disallow"):
