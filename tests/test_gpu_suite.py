@@ -29,7 +29,6 @@ def test_the_gpu_suite_runs_every_step_at_tiny_shapes_on_cpu(tmp_path):
     assert list(steps) == ["gpu_tests", "learner", "sampler", "warm_start", "mismatch"]
     for name, s in steps.items():
         assert s["rc"] == 0 and not s["timed_out"], (name, s, log[-3000:])
-        assert s["seconds"] < s["limit_s"]
     assert suite["gpu_tests"]["tests"] >= 1 and suite["gpu_tests"]["failures"] == 0
     entr = suite["learner"]["entr_jax"]
     assert entr["tokens_per_s"] > 0 and entr["loss_finite"] and entr["mfu"] > 0

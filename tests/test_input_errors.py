@@ -304,9 +304,9 @@ def test_cli_subprocess_exit_status_and_one_paragraph(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert lines == [f"entr-run: error: learner.mesh (data=-1, fsdp=3, tensor=1) does not tile "
-                     f"the 8 cpu device(s) available: data x fsdp x tensor must equal the "
-                     f"device count (-1 takes what is left)"]
+    assert lines == ["entr-run: error: learner.mesh (data=-1, fsdp=3, tensor=1) does not tile "
+                     "the 8 cpu device(s) available: data x fsdp x tensor must equal the "
+                     "device count (-1 takes what is left)"]
 
 
 def test_the_readme_quickstart_commands_parse(capsys):

@@ -44,6 +44,7 @@ from experiments.analysis.decomposed import (
     scores,
 )
 from experiments.analysis.runs import Run, load_runs
+from experiments.analysis.tokens import wls_fit
 from experiments.fields import flatten
 
 # off-mode tokens below LOW_H against those at or above HIGH_H (nats): the low-entropy
@@ -122,17 +123,18 @@ def binned(x: np.ndarray, y: np.ndarray, edges: Sequence[float]) -> dict[str, li
 
 
 def _wls(x, y, w, log: bool = False) -> tuple[float, float]:
-    """Weighted least squares ``y = a x + b`` (or ``log y = a log x + b``) over bins with
-    positive weight and finite values; (NaN, NaN) with fewer than two."""
+    """`experiments.analysis.tokens.wls_fit` of ``y = a x + b`` (or ``log y = a log x + b``)
+    over the bins with positive weight and finite values: ``(a, b)``, (NaN, NaN) with fewer
+    than two."""
     x, y, w = (np.asarray(v, np.float64) for v in (x, y, w))
     if log:
         with np.errstate(divide="ignore", invalid="ignore"):
             x, y = np.log(x), np.log(y)
-    ok = np.isfinite(x) & np.isfinite(y) & (w > 0)
-    if ok.sum() < 2:
+    try:
+        fit = wls_fit(x, y, w)
+    except ValueError:  # fewer than two usable bins
         return float("nan"), float("nan")
-    a, b = np.polyfit(x[ok], y[ok], 1, w=np.sqrt(w[ok]))
-    return float(a), float(b)
+    return fit.slope, fit.intercept
 
 
 def premise_fits(t: Decomposed) -> dict[str, Any]:
