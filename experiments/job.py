@@ -23,6 +23,7 @@ each knob means then is in `experiments.multiprocess`.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import warnings
 from typing import Any
@@ -52,6 +53,7 @@ from experiments.sources import RolloutSource, SimulatedSource
 from experiments.step_log import StepLog
 from experiments.summary import summary, time_split
 from experiments.tasks import TaskBundle, build_task
+from experiments.warm_start import CHECKPOINTS as WARM_START_CHECKPOINTS
 from experiments.warm_start import warm_start
 from learners.checkpoint import CheckpointManager
 from learners.learner import Learner, LearnerConfig
@@ -205,16 +207,43 @@ class Job:
         book["phases"] = self.clock.state_dict(book["elapsed_s"])
         checkpointing.save(self.cfg, self.run, self.learner, self.episodes.data, source, book,
                            next_step, self.clock)
+        if self.run.writer and (self.run / WARM_START_CHECKPOINTS).exists():
+            shutil.rmtree(self.run / WARM_START_CHECKPOINTS)  # RL resumes from its own now
 
     def flush(self) -> None:
         """Fetch and log the last dispatched step's learner metrics."""
         self.step_log.write(self.learner.flush())
 
     def warm_start(self, module_fn, params) -> Any:
-        """The supervised warm start from ``params`` (`experiments.warm_start`)."""
+        """The supervised warm start from ``params`` (`experiments.warm_start`; continued
+        from its checkpoint when `reuses_phases`)."""
         return warm_start(self.cfg, self.task, self.tokenizer, module_fn, params,
                           self.learner_config, self.share, self.run, self.clock,
-                          self.show_progress)
+                          self.show_progress, resume=self.reuses_phases)
+
+    @property
+    def reuses_phases(self) -> bool:
+        """Resumed before its first RL checkpoint with a configuration that computes the
+        same (`experiments.resume`): the phases it finished are reused, not redone."""
+        return self.plan is not None and self.plan.action == "fresh" and not self.plan.overrides
+
+    def _finished_eval(self, phase: str) -> dict[str, Any] | None:
+        """``eval/<phase>.json`` of the interrupted run this one resumes (replayed to the
+        logs and said on stderr), or None when there is none to reuse."""
+        path, found = self.run / "eval" / f"{phase}.json", None
+        if self.reuses_phases and self.run.writer and path.is_file():
+            try:
+                found = json.loads(path.read_text())
+            except (OSError, ValueError):
+                found = None
+            if not (isinstance(found, dict) and found.get("phase") == phase
+                    and isinstance(found.get("benchmarks"), dict)):
+                found = None
+        found = mp.allgather_json(found)[0]
+        if found is not None:
+            resume_policy.say(self.run, f"reusing the finished evaluation {path}")
+            self.evaluator.replay(found)
+        return found
 
     def export(self, path) -> None:
         """The current policy in the Hugging Face layout (`experiments.export`)."""
@@ -249,13 +278,15 @@ class Job:
         return book
 
     def _before_rl(self, book: dict[str, Any]) -> None:
-        """A fresh run's phases before RL: initial evaluation, warm start, evaluation."""
+        """A fresh run's phases before RL: initial evaluation, warm start, evaluation.
+        Resumed before its first RL checkpoint with the same configuration, a run reuses
+        the evaluations it finished and continues its warm start from its checkpoint."""
         cfg = self.cfg
-        for name in ("metrics.jsonl", "timing.jsonl", "sft.jsonl"):
+        for name in ("metrics.jsonl", "timing.jsonl"):
             if self.run.writer:
                 (self.run / name).unlink(missing_ok=True)
         ev = self.evaluator
-        book["evals"]["init"] = shared_eval.initial_evaluation(
+        book["evals"]["init"] = self._finished_eval("init") or shared_eval.initial_evaluation(
             json.loads(cfg.to_json()), lambda: ev.evaluate("init", self.published(), 0),
             ev.replay, lambda src: self.run.write_json("eval/init_source.json", src))
         if cfg.sft.steps > 0:
@@ -263,7 +294,11 @@ class Job:
                 self.warm_start(self.module_fn, self.learner.hand_over_params()))
             if cfg.sft.save_model:
                 self.export(self.run / "sft_model")
-            book["evals"]["before_rl"] = ev.evaluate("before_rl", self.published(), 0)
+            book["evals"]["before_rl"] = self._finished_eval("before_rl")
+            if book["evals"]["before_rl"] is None:
+                book["evals"]["before_rl"] = ev.evaluate("before_rl", self.published(), 0)
+            else:  # the sampler serves the warm-started weights, as after an evaluation
+                self.sampler.update_weights(self.published(), 0)
         else:  # same weights: the initial evaluation is the one before RL
             book["evals"]["before_rl"] = dict(book["evals"]["init"], phase="before_rl")
             ev.replay(book["evals"]["before_rl"])
@@ -277,8 +312,8 @@ class Job:
                                         "nothing to resume; showing its summary")
             return self.run.read_json("summary.json")
         if self.plan is not None and self.plan.action == "fresh":
-            resume_policy.say(self.run, f"nothing to resume in {self.run.path} (no checkpoint)"
-                                        ": starting fresh")
+            resume_policy.say(self.run, f"no RL checkpoint in {self.run.path} yet: " + (
+                "reusing the phases it finished" if self.reuses_phases else "starting over"))
         self.prepare_task()  # bad data is refused before the run directory is written
         self.run.start(cfg.to_json())
         self.setup()

@@ -35,6 +35,7 @@ RESULT_NEUTRAL_FIELDS: frozenset[str] = frozenset({
     "run_dir",                # where the files are
     "shared_eval_dir",        # where the initial evaluation is shared from (same values)
     "checkpoint.every",       # when state is saved: a resumed run is bitwise the same
+    "checkpoint.sft_every",   # when the warm start's state is saved: the same bitwise
     "checkpoint.keep",        # how many checkpoints are kept
     "token_samples_every",    # diagnostics for the notebooks, read-only on the learner
     "learner.max_bad_steps",  # when a diverging run is stopped, not what it computes

@@ -19,6 +19,8 @@ written, a resume that would change the experiment) is refused before any work w
 paragraph on stderr and exit status 2; an unexpected error exits with 1. Ctrl-C prints one
 line (what is saved, the command that resumes) and exits with 130. The traceback
 goes to ``<run_dir>/logs/error.log`` and, with ``--debug`` or ``ENTR_DEBUG=1``, to stderr.
+Every failure exits: a background thread left waiting by the failure (orbax's save
+threads wait forever on a save that failed) cannot keep the process alive (`entry`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import json
 import os
 import shlex
 import sys
+import threading
 import traceback
 import warnings
 from typing import Any
@@ -203,15 +206,23 @@ def _fail(err: BaseException, debug: bool, run_dir: str | None) -> int:
 
 def interrupted(run_dir: str | None, argv: list[str]) -> str:
     """One line for an interrupted run (Ctrl-C): what is saved (the newest checkpoint's
-    RL step, or none yet) and the command that resumes it."""
+    RL step; before it, the finished evaluations and the warm start's checkpoints) and
+    the command that resumes it."""
     if run_dir is None:
         return "interrupted before the run started: nothing saved"
     from experiments.rundir import RunDir
 
-    ckpt = RunDir(run_dir).checkpoint_dir
+    run = RunDir(run_dir)
+    ckpt = run.checkpoint_dir
     steps = sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit()) if ckpt.is_dir() else []
-    saved = (f"saved up to RL step {steps[-1]} ({ckpt / str(steps[-1])})" if steps
-             else "no checkpoint yet, a resume starts over")
+    reused = [str(run / p) for p in ("eval/init.json", "eval/before_rl.json", "sft_checkpoints")
+              if (run / p).exists()]
+    if steps:
+        saved = f"saved up to RL step {steps[-1]} ({ckpt / str(steps[-1])})"
+    elif reused:
+        saved = f"no RL checkpoint yet; a resume reuses {', '.join(reused)}"
+    else:
+        saved = "no checkpoint yet, a resume starts over"
     kept = [a for a in argv if a not in ("--resume", "--resume-override")]
     command = shlex.join(["entr-run", *kept, "--resume"])
     return f"interrupted; {saved}; resume with: {command}"
@@ -257,5 +268,36 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+EXIT_GRACE_S = 60.0  # seconds a failed run waits for its background threads
+
+
+def entry() -> None:
+    """The ``entr-run`` command: `main`, then exit with its status. After a failure (a
+    nonzero status) the process exits within ``ENTR_EXIT_GRACE_S`` seconds (default
+    `EXIT_GRACE_S`) even if a background thread never finishes, saying which ones it
+    left; every checkpoint the run saves has been waited for before the failure, so
+    nothing saved is cut short."""
+    code = main()
+    if code:
+        try:
+            grace = float(os.environ.get("ENTR_EXIT_GRACE_S", EXIT_GRACE_S))
+        except ValueError:
+            grace = EXIT_GRACE_S
+        threading.Thread(target=_exit_when_stuck, args=(code, grace), daemon=True,
+                         name="entr-exit-guard").start()
+    sys.exit(code)
+
+
+def _exit_when_stuck(code: int, grace_s: float) -> None:
+    time.sleep(grace_s)  # a daemon thread: the process normally exits before this ends
+    stuck = sorted(t.name for t in threading.enumerate()
+                   if not t.daemon and t is not threading.main_thread())
+    print(f"entr-run: exiting with status {code}; {len(stuck)} background thread(s) still "
+          f"waiting {grace_s:.0f} s after the failure: {', '.join(stuck)}",
+          file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

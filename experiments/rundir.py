@@ -13,6 +13,8 @@
                          logging.wandb=true; W&B's own files go to wandb/ unless
                          logging.wandb_dir says otherwise
       checkpoints/       orbax checkpoints (learner state + JSON side items)
+      sft_checkpoints/   the warm start's checkpoints (checkpoint.sft_every), until the
+                         first RL checkpoint
       ring/              parameter-ring snapshots that go with checkpoints (intra switches)
       token_samples/     step_<n>.npz: per-token (log_ratio, entropy_mu, kept) samples
       eval/              <phase>.json evaluation results (init, before_rl, after_rl);
@@ -110,11 +112,11 @@ class RunDir:
         return (self.path / "summary.json").exists()
 
     def holds_run(self) -> bool:
-        """A run has written here (metrics, a checkpoint or a summary): starting another
-        needs ``--resume``, which continues from the last checkpoint or, with none, starts
-        afresh (a run stopped before its first checkpoint)."""
+        """A run has written here (metrics, a checkpoint of RL or of its warm start, or a
+        summary): starting another needs ``--resume``, which continues from the last
+        checkpoint or, with no RL checkpoint, reuses the phases the run finished."""
         return ((self.path / "metrics.jsonl").exists() or self.has_checkpoint()
-                or self.is_finished())
+                or self.is_finished() or (self.path / "sft_checkpoints").is_dir())
 
     def write_json(self, name: str, obj: Any) -> None:
         if not self.writer:

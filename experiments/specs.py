@@ -409,11 +409,15 @@ class LearnerSpec(LearnerOptions):
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointSpec:
-    """Checkpointing: every ``every`` RL steps (0 = only at the end), keep the last ``keep``."""
+    """Checkpointing: every ``every`` RL steps (0 = only at the end), and every
+    ``sft_every`` steps of the supervised warm start and at its end (0 = never: a resume
+    before the first RL checkpoint redoes the warm start); keep the last ``keep`` of each."""
 
     every: int = 10
+    sft_every: int = 200
     keep: int = 3
 
     def __post_init__(self):
         require(self.every >= 0, "checkpoint.every", self.every, ">= 0")
+        require(self.sft_every >= 0, "checkpoint.sft_every", self.sft_every, ">= 0")
         require(self.keep >= 1, "checkpoint.keep", self.keep, ">= 1")

@@ -5,38 +5,57 @@ demonstrations before RL, its losses in ``sft.jsonl`` and TensorBoard's ``tb/sft
 permutation (``[seed, 3]``), each one learner update of the SFT loss
 (`learners.learner.Learner.sft_on`) with ``sft.optimizer()``. With several processes each
 trains on its share of every batch (`experiments.multiprocess.Share.take`).
+
+Every ``checkpoint.sft_every`` steps and at its end the warm start is checkpointed in
+``sft_checkpoints/`` (weights, optimizer state, and the data position: the number of
+steps done, since the batches are a fixed function of the seed); a resume before the
+first RL checkpoint continues from the newest one that restores and whose steps
+``sft.jsonl`` holds once each (else the next older one), bit for bit as if never stopped.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
 from typing import Any, Callable
 
 import numpy as np
 from tqdm import tqdm
 
+from experiments import jsonl
 from experiments import multiprocess as mp
 from experiments.config import RunConfig
+from experiments.errors import RunError
 from experiments.phases import PhaseClock
+from experiments.resume import say
 from experiments.rundir import RunDir
 from experiments.tasks import TaskBundle, demo_trajectory
+from learners.checkpoint import CheckpointManager
 from learners.learner import Learner, LearnerConfig
 from learners.logging import MetricsLogger
 from learners.optim import OptimizerConfig
+
+CHECKPOINTS = "sft_checkpoints"
 
 
 def warm_start(cfg: RunConfig, task: TaskBundle, tokenizer: Any, module_fn: Callable[[], Any],
                params: Any,
                learner_config: Callable[[OptimizerConfig, int, int | None], LearnerConfig],
                share: mp.Share, run: RunDir, clock: PhaseClock,
-               show_progress: bool = True) -> Any:
+               show_progress: bool = True, resume: bool = False) -> Any:
     """Train ``params`` (the policy's weights: ``model.path``'s, or the random init of
     ``model.init_seed``; they are trained in place, so the caller must not use them
     afterwards) on ``task.demos``; returns the trained params.
 
     ``learner_config(optimizer, pad_id, max_length)`` gives the SFT learner's config.
+    ``resume``: continue from the newest checkpoint in ``sft_checkpoints/`` (said on
+    stderr); otherwise start at step 0, removing any earlier warm start's checkpoints.
 
     Raises:
       ValueError: the task has no demonstrations.
+      RunError: a checkpoint step exists already (never skipped silently).
+      learners.checkpoint.CheckpointRestoreError: ``resume`` and checkpoints exist but
+        none can be restored (one line naming ``logs/checkpoint.log``).
     """
     sft, demos = cfg.sft, task.demos
     if not demos:
@@ -47,29 +66,80 @@ def warm_start(cfg: RunConfig, task: TaskBundle, tokenizer: Any, module_fn: Call
         # every demonstration is known: batches are padded to at most the longest one, not
         # to the next power of two (the quickstart's: 11 tokens, not 16)
         longest = max(len(t.prompt_ids) + len(t.response_ids) for t in trajs)
+        every = cfg.checkpoint.sft_every
+        if not resume and run.writer and (run / CHECKPOINTS).exists():
+            shutil.rmtree(run / CHECKPOINTS)  # an earlier warm start's, now started over
+        checkpoint = None
+        if every:
+            checkpoint = CheckpointManager(
+                run / CHECKPOINTS, max_to_keep=cfg.checkpoint.keep,
+                log_file=run / "logs" / "checkpoint.log",
+                verify=lambda step, restored: _verify(run, restored))
         learner = Learner(module_fn, learner_config(opt, tokenizer.pad_token_id, longest),
-                          params=params)
+                          params=params, checkpoint=checkpoint)
+        start = _restore(run, learner) if resume and checkpoint is not None else 0
+        if start == 0 and run.writer:
+            (run / "sft.jsonl").unlink(missing_ok=True)
         rng = np.random.default_rng([cfg.seed, 3])
         order = np.concatenate([rng.permutation(len(trajs))
                                 for _ in range(sft.steps * sft.batch_size // len(trajs) + 1)])
-        records = []
-        bar = tqdm(range(sft.steps), desc="SFT warm start", disable=not show_progress,
-                   dynamic_ncols=True)
+        # its own TensorBoard run (tb/sft): a resume purges RL steps of tb/, not SFT's
+        sft_tb = MetricsLogger(run / "tb" / "sft", jsonl=False, purge_step=start)
+
+        def record(step: int, m: dict[str, float]) -> None:
+            run.append_jsonl("sft.jsonl", {"step": step, "loss": m["loss"]})
+            sft_tb.log(step, None, {"sft/loss": m["loss"]})
+
+        bar = tqdm(range(start, sft.steps), desc="SFT warm start", initial=start,
+                   total=sft.steps, disable=not show_progress, dynamic_ncols=True)
         for step in bar:
             idx = order[step * sft.batch_size:(step + 1) * sft.batch_size]
             m = learner.sft_on([trajs[i] for i in share.take(idx, "sft.batch_size")])
             clock.count("sft_steps")
             if m is not None:
-                records.append({"step": step - 1, "loss": m["loss"]})
+                record(step - 1, m)
                 bar.set_postfix(loss=f"{m['loss']:.3f}")
-        m = learner.flush()
-        records.append({"step": sft.steps - 1, "loss": m["loss"]})
-        # its own TensorBoard run (tb/sft): a resume purges RL steps of tb/, not SFT's
-        sft_tb = MetricsLogger(run / "tb" / "sft", jsonl=False, purge_step=0)
-        for r in records:
-            run.append_jsonl("sft.jsonl", r)
-            sft_tb.log(r["step"], None, {"sft/loss": r["loss"]})
+            if checkpoint is not None and ((step + 1) % every == 0 or step + 1 == sft.steps):
+                record(step, learner.flush())  # the saved steps' losses are on file first
+                _save(run, learner, step + 1)
+        if start < sft.steps and (m := learner.flush()) is not None:
+            record(sft.steps - 1, m)
         sft_tb.close()
         params = learner.state.params
         learner.close()
         return params
+
+
+def _save(run: RunDir, learner: Learner, done: int) -> None:
+    """Checkpoint the warm start after ``done`` steps (waits for the write)."""
+    if not learner.save(data_state={"sft_step": done}, force=True):
+        raise RunError(f"warm-start checkpoint after SFT step {done} was not saved: a "
+                       f"checkpoint of its step exists in {run / CHECKPOINTS}")
+    learner.checkpoint.wait()
+
+
+def _verify(run: RunDir, restored: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``verify`` of the warm start's checkpoints: ``sft.jsonl`` must start with steps
+    ``0 .. done - 1`` each once (else the checkpoint falls back to an older one); returns
+    those records."""
+    done = int(restored["data_state"]["sft_step"])
+    path = run / "sft.jsonl"
+    records = jsonl.read_records(path) if path.exists() else []
+    held = next((i for i, r in enumerate(records) if r.get("step") != i), len(records))
+    if held < done:
+        raise RunError(f"{path} holds SFT steps 0 .. {held - 1} in order, the checkpoint has "
+                       f"done steps 0 .. {done - 1}")
+    return records[:done]
+
+
+def _restore(run: RunDir, learner: Learner) -> int:
+    """Restore the newest good warm-start checkpoint into ``learner``; the number of steps
+    it has done (0 when there is none). ``sft.jsonl`` keeps exactly those steps."""
+    items = learner.restore_latest()
+    if items is None:
+        return 0
+    done = int(items["data_state"]["sft_step"])
+    if run.writer:
+        jsonl.rewrite_lines(run / "sft.jsonl", map(json.dumps, items["verified"]))
+    say(run, f"continuing the warm start at SFT step {done} from {items['path']}")
+    return done

@@ -224,7 +224,7 @@ def test_both_checkpoints_damaged_is_one_line_and_loses_nothing(finished, model_
     ("config.json",),  # killed during the first evaluation
     ("config.json", "metrics.jsonl", "checkpoints/"),  # killed before the first checkpoint
 ])
-def test_resume_without_a_checkpoint_says_it_starts_fresh(model_dir, tmp_path, capsys,
+def test_resume_without_a_checkpoint_says_it_reuses_finished_phases(model_dir, tmp_path, capsys,
                                                           monkeypatch, written):
     from experiments.job import Job
 
@@ -248,7 +248,8 @@ def test_resume_without_a_checkpoint_says_it_starts_fresh(model_dir, tmp_path, c
     with pytest.raises(Stop):
         cli.main(args(model_dir, run_dir, "--resume"))
     err = capsys.readouterr().err
-    assert err == f"entr-run: nothing to resume in {run_dir} (no checkpoint): starting fresh\n"
+    assert err == (f"entr-run: no RL checkpoint in {run_dir} yet: reusing the phases it "
+                   "finished\n")
 
 
 def test_a_changed_config_is_refused_even_before_the_first_checkpoint(model_dir, tmp_path,
@@ -279,8 +280,8 @@ def test_a_changed_config_is_refused_even_before_the_first_checkpoint(model_dir,
     monkeypatch.setattr(Job, "prepare_task", stop)
     with pytest.raises(Stop):
         cli.main(args(model_dir, run_dir, "--resume", "--resume-override", "--seed", "7"))
-    assert capsys.readouterr().err == (f"entr-run: nothing to resume in {run_dir} (no "
-                                       "checkpoint): starting fresh\n")
+    assert capsys.readouterr().err == (f"entr-run: no RL checkpoint in {run_dir} yet: "
+                                       "starting over\n")
 
 
 def test_ctrl_c_prints_one_line_with_what_is_saved_and_the_resume_command(model_dir, tmp_path,

@@ -1,0 +1,153 @@
+"""A run interrupted before its first RL checkpoint loses nothing it finished: the warm
+start continues from its checkpoint (weights, optimizer state, data position) bit for bit,
+the finished evaluations are reused, not redone; a checkpoint whose steps ``sft.jsonl``
+lacks falls back to the older one; a changed configuration starts over."""
+
+import json
+
+import pytest
+
+from experiments import run as cli
+from experiments.evaluation import Evaluator
+from learners.checkpoint import CheckpointFallbackWarning
+from learners.learner import Learner
+
+
+def args(model_dir, run_dir, *extra):
+    """6 SFT steps checkpointed every 2, then 2 RL steps checkpointed at step 2."""
+    return ["quickstart", "--run_dir", str(run_dir), "--model.path", str(model_dir),
+            "--sft.steps", "6", "--sft.batch_size", "4", "--sft.warmup_steps", "1",
+            "--checkpoint.sft_every", "2", "--checkpoint.keep", "2",
+            "--rl_steps", "2", "--checkpoint.every", "2",
+            "--token_samples_every", "0", "--task.prompts_per_step", "2",
+            "--task.samples_per_prompt", "2", "--task.max_new_tokens", "4",
+            "--task.max_total_tokens", "4", "--task.eval_examples", "2",
+            "--task.eval_samples", "1", "--task.arithmetic_max_chars", "5",
+            "--staleness.inter_lag", "1", "--staleness.intra_switches", "0",
+            "--staleness.ring_size", "2", *extra]
+
+
+class Killed(KeyboardInterrupt):
+    """Ctrl-C at a chosen point."""
+
+
+def kill_at_sft_call(monkeypatch, n):
+    """Ctrl-C instead of the ``n``-th SFT step (1-based) of this process."""
+    original, calls = Learner.sft_on, []
+
+    def sft_on(self, trajectories):
+        calls.append(1)
+        if len(calls) == n:
+            raise Killed
+        return original(self, trajectories)
+
+    monkeypatch.setattr(Learner, "sft_on", sft_on)
+
+
+def count_evaluations(monkeypatch):
+    """The phases evaluated from here on (computed, not reused)."""
+    original, phases = Evaluator.evaluate, []
+
+    def evaluate(self, phase, weights, version):
+        phases.append(phase)
+        return original(self, phase, weights, version)
+
+    monkeypatch.setattr(Evaluator, "evaluate", evaluate)
+    return phases
+
+
+def outputs(run_dir):
+    """What a run computes: metrics, SFT losses, evaluations and the warm-started weights."""
+    files = ["metrics.jsonl", "sft.jsonl", "eval/init.json", "eval/before_rl.json",
+             "eval/after_rl.json"]
+    out = {name: (run_dir / name).read_text() for name in files}
+    out.update({str(p.relative_to(run_dir)): p.read_bytes()
+                for p in sorted((run_dir / "sft_model").iterdir())})
+    return out
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(small_model_dir, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("whole") / "run"
+    assert cli.main(args(small_model_dir, run_dir)) == 0
+    return outputs(run_dir)
+
+
+def test_a_kill_during_sft_resumes_bit_for_bit_reusing_the_initial_evaluation(
+        small_model_dir, tmp_path, capsys, monkeypatch, uninterrupted):
+    run_dir = tmp_path / "run"
+    argv = args(small_model_dir, run_dir)
+    kill_at_sft_call(monkeypatch, 6)  # steps 0..4 done, checkpoints after steps 2 and 4
+    assert cli.main(argv) == 130
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (
+        f"entr-run: interrupted; no RL checkpoint yet; a resume reuses {run_dir}/eval/init.json, "
+        f"{run_dir}/sft_checkpoints; resume with: " + " ".join(["entr-run", *argv, "--resume"]))
+    assert [json.loads(x)["step"] for x in (run_dir / "sft.jsonl").read_text().splitlines()
+            ] == [0, 1, 2, 3]
+    assert cli.main(argv) == 2  # a run is here: never overwritten without --resume
+    assert "already holds a run: pass --resume" in capsys.readouterr().err
+
+    monkeypatch.undo()
+    evaluated = count_evaluations(monkeypatch)
+    assert cli.main([*argv, "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert f"entr-run: no RL checkpoint in {run_dir} yet: reusing the phases it finished" in err
+    assert f"entr-run: reusing the finished evaluation {run_dir}/eval/init.json" in err
+    assert "entr-run: continuing the warm start at SFT step 4 from " in err
+    assert evaluated == ["before_rl", "after_rl"]  # the initial evaluation was not redone
+    assert outputs(run_dir) == uninterrupted
+    assert not (run_dir / "sft_checkpoints").exists()  # RL's checkpoint supersedes them
+
+
+def test_a_kill_after_the_warm_start_reuses_it_and_both_evaluations(
+        small_model_dir, tmp_path, capsys, monkeypatch, uninterrupted):
+    from experiments.job import Job
+
+    def ctrl_c(self, *a, **k):
+        raise Killed
+
+    run_dir = tmp_path / "run"
+    argv = args(small_model_dir, run_dir)
+    monkeypatch.setattr(Job, "source", ctrl_c)  # after the evaluation before RL
+    assert cli.main(argv) == 130
+    monkeypatch.undo()
+    calls = []
+    monkeypatch.setattr(Learner, "sft_on", lambda self, t: calls.append(1))
+    evaluated = count_evaluations(monkeypatch)
+    assert cli.main([*argv, "--resume"]) == 0
+    assert calls == [] and evaluated == ["after_rl"]  # the sampler still serves the SFT weights
+    assert "continuing the warm start at SFT step 6 from " in capsys.readouterr().err
+    assert outputs(run_dir) == uninterrupted
+
+
+def test_lost_sft_lines_fall_back_to_the_older_checkpoint(small_model_dir, tmp_path, capsys,
+                                                          monkeypatch, uninterrupted):
+    run_dir = tmp_path / "run"
+    argv = args(small_model_dir, run_dir)
+    kill_at_sft_call(monkeypatch, 6)
+    assert cli.main(argv) == 130
+    lines = (run_dir / "sft.jsonl").read_text().splitlines()
+    (run_dir / "sft.jsonl").write_text("\n".join(lines[:3]) + "\n")  # step 3's line lost
+    monkeypatch.undo()
+    with pytest.warns(CheckpointFallbackWarning, match="holds SFT steps 0 .. 2 in order"):
+        assert cli.main([*argv, "--resume"]) == 0
+    assert "continuing the warm start at SFT step 2 from " in capsys.readouterr().err
+    assert outputs(run_dir) == uninterrupted
+
+
+def test_a_changed_configuration_starts_the_warm_start_over(small_model_dir, tmp_path, capsys,
+                                                            monkeypatch):
+    run_dir = tmp_path / "run"
+    argv = args(small_model_dir, run_dir)
+    kill_at_sft_call(monkeypatch, 6)
+    assert cli.main(argv) == 130
+    monkeypatch.undo()
+    evaluated = count_evaluations(monkeypatch)
+    assert cli.main([*argv, "--resume", "--resume-override", "--sft.learning_rate", "0.002"]) == 0
+    err = capsys.readouterr().err
+    assert f"entr-run: no RL checkpoint in {run_dir} yet: starting over" in err
+    assert "continuing the warm start" not in err
+    assert evaluated == ["init", "before_rl", "after_rl"]
+    assert [json.loads(x)["step"] for x in (run_dir / "sft.jsonl").read_text().splitlines()
+            ] == list(range(6))
