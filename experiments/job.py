@@ -207,8 +207,11 @@ class Job:
         book["phases"] = self.clock.state_dict(book["elapsed_s"])
         checkpointing.save(self.cfg, self.run, self.learner, self.episodes.data, source, book,
                            next_step, self.clock)
+        self._drop_warm_start_checkpoints()  # RL resumes from its own now
+
+    def _drop_warm_start_checkpoints(self) -> None:
         if self.run.writer and (self.run / WARM_START_CHECKPOINTS).exists():
-            shutil.rmtree(self.run / WARM_START_CHECKPOINTS)  # RL resumes from its own now
+            shutil.rmtree(self.run / WARM_START_CHECKPOINTS)
 
     def flush(self) -> None:
         """Fetch and log the last dispatched step's learner metrics."""
@@ -352,6 +355,7 @@ class Job:
         timing = time_split(self.clock, self.task.verifier, book["elapsed_s"], self.startup_s)
         out = summary(cfg, self.run, book, self.task.eval_sets, self.objective.config, timing)
         self.run.write_json("summary.json", out)
+        self._drop_warm_start_checkpoints()  # a finished run is never continued
         self.learner.close()
         self.logger.close()
         self.task.verifier.close()

@@ -73,6 +73,16 @@ def uninterrupted(small_model_dir, tmp_path_factory):
     return outputs(run_dir)
 
 
+def test_a_finished_warm_start_only_run_keeps_no_warm_start_checkpoints(small_model_dir,
+                                                                        tmp_path):
+    """``--rl_steps 0`` (a warm start made for other runs) has no RL checkpoint to take
+    over: its warm-start checkpoints go when it finishes; its sft_model stays."""
+    run_dir = tmp_path / "run"
+    assert cli.main(args(small_model_dir, run_dir, "--rl_steps", "0")) == 0
+    assert not (run_dir / "sft_checkpoints").exists()
+    assert (run_dir / "sft_model" / "config.json").is_file()
+
+
 def test_a_kill_during_sft_resumes_bit_for_bit_reusing_the_initial_evaluation(
         small_model_dir, tmp_path, capsys, monkeypatch, uninterrupted):
     run_dir = tmp_path / "run"
