@@ -40,6 +40,7 @@ Usage::
 
     python -m experiments.study plan   SPEC.toml                  # what each stage runs
     python -m experiments.study tune   SPEC.toml --out DIR --workers 2
+    python -m experiments.study status SPEC.toml --out DIR     # the tuning runs so far
     python -m experiments.study choose SPEC.toml --out DIR
     python -m experiments.study test   SPEC.toml --out DIR --workers 2
     python -m experiments.study report SPEC.toml --out DIR
@@ -203,6 +204,29 @@ def stage_results(study: dict[str, Any], stage: str, out: str | pathlib.Path,
     return rows
 
 
+def tune_status(study: dict[str, Any], out: str | pathlib.Path) -> list[dict[str, Any]]:
+    """The tuning stage so far, one row per method label (``X@i`` candidates, then the
+    tuning arms): ``own`` (the candidate's values), ``done`` / ``expected`` runs, the mean
+    primary metric over the finished ones (NaN when none; not a choice until every
+    candidate has all its runs, `choose`) and ``values`` {``ws/seed``: metric}."""
+    pre = study["preregistration"]
+    key = pre["primary_metric"]
+    rows = stage_results(study, "tune", out)
+    expected = len(pre["tuning_seeds"]) * len(pre["warm_starts"])
+    candidates = {f"{name}@{i}": own for name, t in study["tuning"].items()
+                  for i, own in enumerate(t["own"])}
+    out_rows = []
+    for label, method in tuning_methods(study).items():
+        mine = [r for r in rows if r["arm"] == label]
+        vals = [r[key] for r in mine]
+        out_rows.append({"label": label, "own": candidates.get(label, method.get("own", {})),
+                         "done": len(mine),
+                         "expected": expected,
+                         "mean": sum(vals) / len(vals) if vals else float("nan"),
+                         "values": {f"{r['ws']}/{r['seed']}": r[key] for r in mine}})
+    return out_rows
+
+
 def choose(study: dict[str, Any], out: str | pathlib.Path) -> dict[str, Any]:
     """The tuning stage's choice (see the module docstring); written to ``OUT/choice.json``.
 
@@ -292,7 +316,8 @@ def archive(study: dict[str, Any], out: str | pathlib.Path, to: str | pathlib.Pa
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.study", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stage", choices=("plan", "tune", "choose", "test", "report", "archive"))
+    parser.add_argument("stage", choices=("plan", "tune", "status", "choose", "test", "report",
+                                          "archive"))
     parser.add_argument("spec")
     parser.add_argument("--out", default=None)
     parser.add_argument("--workers", type=int, default=1)
@@ -327,6 +352,12 @@ def main(argv: list[str] | None = None) -> int:
             if not args.to:
                 raise ValueError("archive needs --to DIR")
             print(f"{archive(study, args.out, args.to)} finished runs archived in {args.to}")
+            return 0
+        if args.stage == "status":
+            from experiments.analysis.study_report import format_tune_status
+
+            print(format_tune_status(study["preregistration"]["primary_metric"],
+                                     tune_status(study, args.out)))
             return 0
         if args.stage == "choose":
             print(json.dumps(choose(study, args.out), indent=1))

@@ -94,6 +94,23 @@ def test_choose_takes_the_best_mean_on_tuning_runs_and_refuses_an_unfinished_sta
     assert entr.overrides["objective.entr.tau"] == 4.0 and entr.overrides["model.path"] == "ws/b"
 
 
+def test_status_shows_the_tuning_runs_so_far(study, tmp_path):
+    spec, where = st.stage_sweeps(study, "tune", tmp_path)[0]  # warm start A only
+    for run in st.sweep.expand(spec, where):
+        label = run.name.split("_seed=")[0].removeprefix("method=")
+        if label != "entr@1" or run.overrides["seed"] == 100:
+            _finish(run.run_dir, label, run.overrides["seed"],
+                    {"entr@0": -1.0, "entr@1": -0.5}.get(label, -2.0) - run.overrides["seed"] / 1000)
+    rows = st.tune_status(study, tmp_path)
+    assert [(r["label"], r["own"], r["done"], r["expected"]) for r in rows] == [
+        ("entr@0", {"tau": 1.0}, 2, 4), ("entr@1", {"tau": 4.0}, 1, 4),
+        ("grpo_async", {"kl_coef": 0.0}, 2, 4)]
+    assert rows[0]["mean"] == pytest.approx(-1.1005)
+    assert rows[1]["values"] == {"A/100": pytest.approx(-0.6)}
+    table = sr.format_tune_status("eval_ref_logp_after", rows).splitlines()
+    assert table[3] == "| entr@1 | tau=4 | 1/4 | -0.60000 | A/100: -0.60000 |"
+
+
 def test_report_pairs_by_warm_start_and_seed():
     rows = []
     for ws, shift in (("A", 0.0), ("B", 1.0)):  # a warm-start effect the pairing removes

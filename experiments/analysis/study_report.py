@@ -102,3 +102,16 @@ def format_report(report: dict[str, Any]) -> str:
                      f"{m['ci95_half']:.4f} | {ci(vb)} | {f(vb['detectable_80']) if vb else ''} | "
                      f"{ci(vs)} | {e['mask_fraction']:.4f} |")
     return "\n".join(lines)
+
+
+def format_tune_status(key: str, rows: list[dict[str, Any]]) -> str:
+    """Markdown table of `experiments.study.tune_status`: label, own values, runs done of
+    expected, mean ``key`` so far and each run's value."""
+    lines = [f"| method | own | runs | mean {key} | runs (ws/seed: value) |", "|---|---|---|---|---|"]
+    for r in rows:
+        own = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                        for k, v in r["own"].items())
+        vals = "; ".join(f"{k}: {v:.5f}" for k, v in r["values"].items())
+        mean = f"{r['mean']:.5f}" if math.isfinite(r["mean"]) else ""
+        lines.append(f"| {r['label']} | {own} | {r['done']}/{r['expected']} | {mean} | {vals} |")
+    return "\n".join(lines)
