@@ -230,6 +230,18 @@ class Job:
         same (`experiments.resume`): the phases it finished are reused, not redone."""
         return self.plan is not None and self.plan.action == "fresh" and not self.plan.overrides
 
+    def _fresh_resume_note(self) -> str:
+        """What a resume without an RL checkpoint does, in one line."""
+        where, reused = self.run.path, self.run.reusable_phases()
+        if self.plan.overrides:
+            return (f"no RL checkpoint in {where} yet: starting over with the new "
+                    f"{', '.join(c.field for c in self.plan.overrides)}"
+                    + (f" (redoing {', '.join(map(str, reused))})" if reused else ""))
+        if reused:
+            return (f"no RL checkpoint in {where} yet: reusing the phases it finished "
+                    f"({', '.join(map(str, reused))})")
+        return f"nothing to resume in {where} (no checkpoint): starting fresh"
+
     def _finished_eval(self, phase: str) -> dict[str, Any] | None:
         """``eval/<phase>.json`` of the interrupted run this one resumes (replayed to the
         logs and said on stderr), or None when there is none to reuse."""
@@ -315,10 +327,11 @@ class Job:
                                         "nothing to resume; showing its summary")
             return self.run.read_json("summary.json")
         if self.plan is not None and self.plan.action == "fresh":
-            resume_policy.say(self.run, f"no RL checkpoint in {self.run.path} yet: " + (
-                "reusing the phases it finished" if self.reuses_phases else "starting over"))
+            resume_policy.say(self.run, self._fresh_resume_note())
         self.prepare_task()  # bad data is refused before the run directory is written
         self.run.start(cfg.to_json())
+        if self.plan is not None and self.plan.action == "fresh":
+            resume_policy.record_changes(self.run, self.plan, 0)
         self.setup()
         book = self._begin()
         self.clock.load_state_dict(book.get("phases") if book is not None else None)

@@ -166,11 +166,11 @@ def _plan_fresh(run: RunDir, saved_path: Any, new: dict[str, Any], override: boo
     changing = [c for c in changes if not c.neutral]
     if changing and not override:
         raise ResumeRefused(
-            f"cannot resume {run.path}: it has no checkpoint yet, so it would start over, "
-            f"but the configuration differs from the saved one in {len(changing)} field(s) "
-            f"that change the experiment: {_listing(changing)}. Resume with the saved "
-            "values, choose a new --run_dir, or pass --resume-override to start over with "
-            "the new values")
+            f"cannot resume {run.path}: it has no RL checkpoint yet, and the configuration "
+            f"differs from the saved one in {len(changing)} field(s) that change the "
+            f"experiment: {_listing(changing)}. Resume with the saved values (the phases "
+            "it finished are reused), choose a new --run_dir, or pass --resume-override "
+            "to start over with the new values (recorded in resume_overrides.jsonl)")
     return ResumePlan("fresh", tuple(changes), tuple(changing))
 
 

@@ -215,12 +215,10 @@ def interrupted(run_dir: str | None, argv: list[str]) -> str:
     run = RunDir(run_dir)
     ckpt = run.checkpoint_dir
     steps = sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit()) if ckpt.is_dir() else []
-    reused = [str(run / p) for p in ("eval/init.json", "eval/before_rl.json", "sft_checkpoints")
-              if (run / p).exists()]
     if steps:
         saved = f"saved up to RL step {steps[-1]} ({ckpt / str(steps[-1])})"
-    elif reused:
-        saved = f"no RL checkpoint yet; a resume reuses {', '.join(reused)}"
+    elif reused := run.reusable_phases():
+        saved = f"no RL checkpoint yet; a resume reuses {', '.join(map(str, reused))}"
     else:
         saved = "no checkpoint yet, a resume starts over"
     kept = [a for a in argv if a not in ("--resume", "--resume-override")]

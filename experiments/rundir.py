@@ -111,12 +111,22 @@ class RunDir:
     def is_finished(self) -> bool:
         return (self.path / "summary.json").exists()
 
+    def reusable_phases(self) -> list[pathlib.Path]:
+        """What a resume before the first RL checkpoint reuses: the finished evaluations
+        (``eval/init.json``, ``eval/before_rl.json``) and the newest warm-start checkpoint
+        (``sft_checkpoints/<step>``)."""
+        found = [self.path / "eval" / f"{phase}.json" for phase in ("init", "before_rl")
+                 if (self.path / "eval" / f"{phase}.json").is_file()]
+        sft = self.path / "sft_checkpoints"
+        steps = sorted(int(p.name) for p in sft.iterdir() if p.name.isdigit()) if sft.is_dir() else []
+        return found + [sft / str(step) for step in steps[-1:]]
+
     def holds_run(self) -> bool:
         """A run has written here (metrics, a checkpoint of RL or of its warm start, or a
         summary): starting another needs ``--resume``, which continues from the last
         checkpoint or, with no RL checkpoint, reuses the phases the run finished."""
         return ((self.path / "metrics.jsonl").exists() or self.has_checkpoint()
-                or self.is_finished() or (self.path / "sft_checkpoints").is_dir())
+                or self.is_finished() or bool(self.reusable_phases()))
 
     def write_json(self, name: str, obj: Any) -> None:
         if not self.writer:

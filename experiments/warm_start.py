@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -30,7 +31,8 @@ from experiments.phases import PhaseClock
 from experiments.resume import say
 from experiments.rundir import RunDir
 from experiments.tasks import TaskBundle, demo_trajectory
-from learners.checkpoint import CheckpointManager
+from learners.checkpoint import (CheckpointFallbackWarning, CheckpointManager,
+                                 CheckpointRestoreError)
 from learners.learner import Learner, LearnerConfig
 from learners.logging import MetricsLogger
 from learners.optim import OptimizerConfig
@@ -54,8 +56,6 @@ def warm_start(cfg: RunConfig, task: TaskBundle, tokenizer: Any, module_fn: Call
     Raises:
       ValueError: the task has no demonstrations.
       RunError: a checkpoint step exists already (never skipped silently).
-      learners.checkpoint.CheckpointRestoreError: ``resume`` and checkpoints exist but
-        none can be restored (one line naming ``logs/checkpoint.log``).
     """
     sft, demos = cfg.sft, task.demos
     if not demos:
@@ -77,7 +77,7 @@ def warm_start(cfg: RunConfig, task: TaskBundle, tokenizer: Any, module_fn: Call
                 verify=lambda step, restored: _verify(run, restored))
         learner = Learner(module_fn, learner_config(opt, tokenizer.pad_token_id, longest),
                           params=params, checkpoint=checkpoint)
-        start = _restore(run, learner) if resume and checkpoint is not None else 0
+        start = _restore(run, learner, sft.steps) if resume and checkpoint is not None else 0
         if start == 0 and run.writer:
             (run / "sft.jsonl").unlink(missing_ok=True)
         rng = np.random.default_rng([cfg.seed, 3])
@@ -132,14 +132,30 @@ def _verify(run: RunDir, restored: dict[str, Any]) -> list[dict[str, Any]]:
     return records[:done]
 
 
-def _restore(run: RunDir, learner: Learner) -> int:
+def _restore(run: RunDir, learner: Learner, steps: int) -> int:
     """Restore the newest good warm-start checkpoint into ``learner``; the number of steps
-    it has done (0 when there is none). ``sft.jsonl`` keeps exactly those steps."""
-    items = learner.restore_latest()
+    it has done, and ``sft.jsonl`` keeps exactly those steps. 0 (said on stderr) when
+    there is none, or when none can be restored: those are moved to
+    ``sft_checkpoints_unrestorable/`` with a one-line warning, and the warm start, a
+    function of the configuration, is redone from step 0."""
+    try:
+        items = learner.restore_latest()
+    except CheckpointRestoreError as err:
+        manager = learner.checkpoint
+        manager.set_aside(manager.all_steps())
+        warnings.warn(f"no warm-start checkpoint in {run / CHECKPOINTS} can be restored "
+                      f"(the newest: {err.newest}; details: {err.log_file}): moved to "
+                      f"{manager.unrestorable_dir}; the warm start starts over at step 0",
+                      CheckpointFallbackWarning, stacklevel=2)
+        return 0
     if items is None:
+        say(run, f"no warm-start checkpoint in {run / CHECKPOINTS}: the warm start starts "
+                 "at step 0")
         return 0
     done = int(items["data_state"]["sft_step"])
     if run.writer:
         jsonl.rewrite_lines(run / "sft.jsonl", map(json.dumps, items["verified"]))
-    say(run, f"continuing the warm start at SFT step {done} from {items['path']}")
+    say(run, (f"reusing the finished warm start ({done} SFT steps) from {items['path']}"
+              if done == steps else
+              f"continuing the warm start at SFT step {done} from {items['path']}"))
     return done

@@ -32,7 +32,8 @@ warning: "may cause a deadlock"), which hung 2-process CPU runs at their first s
 from __future__ import annotations
 
 import contextlib
-
+import inspect
+import sys
 import time
 import traceback
 import warnings
@@ -71,13 +72,48 @@ class CheckpointFallbackWarning(UserWarning):
 
 
 class CheckpointRestoreError(RuntimeError):
-    """Checkpoints exist but none of them can be restored."""
+    """Checkpoints exist but none of them can be restored: ``tried`` (the steps, newest
+    first), ``newest`` (the first line of the newest one's error), ``log_file``."""
+
+    def __init__(self, message: str, tried: list[int], newest: str, log_file: Path):
+        super().__init__(message)
+        self.tried, self.newest, self.log_file = tried, newest, log_file
 
 
-def _first_line(err: BaseException, limit: int = 400) -> str:
+def _first_line(err: BaseException, limit: int = 200) -> str:
     text = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
-    text = text if len(text) <= limit else text[:limit - 3] + "..."
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+    text = f"{type(err).__name__}: {text}" if text else type(err).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _is_leftover(unraisable: Any) -> bool:
+    """An exception a failed restore leaves behind: orbax's pending reads complete on an
+    event loop it has closed (``RuntimeError: Event loop is closed``), or its coroutines
+    are collected unfinished."""
+    return (inspect.iscoroutine(unraisable.object)
+            or (unraisable.exc_type is RuntimeError
+                and "Event loop is closed" in str(unraisable.exc_value)))
+
+
+def _route_leftovers(log: Callable[[str], None]) -> None:
+    """From now on, send the leftovers of a failed restore (`_is_leftover`; printed by
+    Python as unraisable exceptions, up to hundreds of traceback lines on stderr, some at
+    exit) to ``log`` as one line each; any other unraisable exception still goes to the
+    previous hook. Installed once per process."""
+    previous = sys.unraisablehook
+    if getattr(previous, "entr_leftovers", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        if not _is_leftover(unraisable):
+            previous(unraisable)
+            return
+        with contextlib.suppress(Exception):  # at exit, even writing a log line may fail
+            log(f"ignored after a failed restore: {unraisable.exc_type.__name__}: "
+                f"{unraisable.exc_value} ({unraisable.object!r:.200})")
+
+    hook.entr_leftovers = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
 
 
 def _abstract(tree: Any, shardings: Any) -> Any:
@@ -213,14 +249,16 @@ class CheckpointManager:
         steps = self.all_steps()
         if not steps:
             return None
-        tried = []
+        tried, newest = [], ""
         for i, step in enumerate(reversed(steps)):
             try:
                 result = self.restore(step, target, shardings)
                 result["verified"] = (self.verify(step, result) if self.verify is not None
                                       else None)
             except Exception as err:  # noqa: BLE001 - any unreadable checkpoint falls back
+                _route_leftovers(self._log)
                 tried.append(step)
+                newest = newest or _first_line(err)
                 self._log(f"checkpoint step {step} at {self.directory / str(step)} could not "
                           "be restored:\n" + "".join(traceback.format_exception(err)))
                 if i + 1 < len(steps):
@@ -231,21 +269,23 @@ class CheckpointManager:
                         CheckpointFallbackWarning, stacklevel=2)
                 continue
             if tried:
-                self._set_aside(tried)
+                self.set_aside(tried)
             return result
         raise CheckpointRestoreError(
             f"no checkpoint in {self.directory} can be restored (tried steps "
-            f"{', '.join(map(str, tried))}); details: {self.log_file}")
+            f"{', '.join(map(str, tried))}; the newest: {newest}); details: {self.log_file}. "
+            f"To start over, move {self.directory} away", tried, newest, self.log_file)
 
     @property
     def unrestorable_dir(self) -> Path:
         """Where checkpoints that could not be restored are moved (nothing is deleted)."""
         return self.directory.with_name(self.directory.name + "_unrestorable")
 
-    def _set_aside(self, steps: list[int]) -> None:
-        """Move the unrestorable step directories newer than the restored one out of the
-        way: orbax would otherwise refuse to save those steps again (``save`` returns False
-        for a step that exists), so the resumed run would silently skip its checkpoints."""
+    def set_aside(self, steps: list[int]) -> None:
+        """Move step directories that cannot be restored to `unrestorable_dir` (kept, not
+        deleted): orbax would otherwise refuse to save those steps again (``save`` returns
+        False for a step that exists), so a resumed run would silently skip its
+        checkpoints."""
         if jax.process_index() == 0:
             for step in steps:
                 target = self.unrestorable_dir / str(step)

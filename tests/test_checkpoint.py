@@ -136,7 +136,10 @@ def test_no_restorable_checkpoint_is_one_line_naming_the_log(learner, tmp_path, 
         with pytest.raises(CheckpointRestoreError) as exc:
             mgr.restore_latest(lrn.state, lrn.shardings)
     assert str(exc.value) == (f"no checkpoint in {tmp_path / 'ckpt'} can be restored (tried "
-                              f"steps 2, 1); details: {log}")
+                              f"steps 2, 1; the newest: {exc.value.newest}); details: {log}. "
+                              f"To start over, move {tmp_path / 'ckpt'} away")
+    assert exc.value.tried == [2, 1] and exc.value.newest.startswith("ValueError: NOT_FOUND: ")
+    assert len(exc.value.newest) <= 200
     assert log.read_text().count("Traceback (most recent call last)") == 2
     assert mgr.all_steps() == steps  # nothing moved when nothing could be restored
     mgr.close()
@@ -159,3 +162,36 @@ def test_deferred_metrics_returns_previous_step():
     step, _, host = d.push(1, {"loss": np.float32(2.0)})
     assert step == 0 and host == {"loss": 1.0}
     assert d.flush()[2] == {"loss": 2.0} and d.flush() is None
+
+
+def test_a_failed_restores_leftovers_go_to_the_log_not_stderr(monkeypatch):
+    """After a failed restore orbax's pending reads end on its closed event loop, printed
+    by Python as unraisable exceptions (hundreds of traceback lines, some at exit): they go
+    to the checkpoint log, one line each; any other unraisable exception is still shown."""
+    import asyncio
+    import sys
+    import types
+
+    from learners import checkpoint as ck
+
+    shown, logged = [], []
+    monkeypatch.setattr(sys, "unraisablehook", shown.append)
+    ck._route_leftovers(logged.append)
+    ck._route_leftovers(logged.append)  # installed once
+
+    def unraisable(exc, obj=None):
+        return types.SimpleNamespace(exc_type=type(exc), exc_value=exc, exc_traceback=None,
+                                     err_msg=None, object=obj)
+
+    closed = unraisable(RuntimeError("Event loop is closed"))
+    sys.unraisablehook(closed)
+    coro = asyncio.sleep(0)
+    sys.unraisablehook(unraisable(RuntimeError("x"), coro))
+    coro.close()
+    other = unraisable(ValueError("a real problem"))
+    sys.unraisablehook(other)
+    assert shown == [other]
+    assert logged[0] == ("ignored after a failed restore: RuntimeError: Event loop is closed "
+                         "(None)")
+    assert len(logged) == 2 and logged[1].startswith("ignored after a failed restore: "
+                                                    "RuntimeError: x (<coroutine object sleep")

@@ -213,8 +213,11 @@ def test_both_checkpoints_damaged_is_one_line_and_loses_nothing(finished, model_
     with pytest.warns(CheckpointFallbackWarning, match="checkpoint step 4 at"):
         code, _, err = call(args(model_dir, run_dir, "--resume"), capsys)
     assert code == 2
-    assert err == (f"entr-run: error: no checkpoint in {run_dir / 'checkpoints'} can be restored "
-                   f"(tried steps 4, 2); details: {run_dir / 'logs' / 'checkpoint.log'}\n")
+    assert re.fullmatch(
+        f"entr-run: error: no checkpoint in {re.escape(str(run_dir / 'checkpoints'))} can be "
+        r"restored \(tried steps 4, 2; the newest: RingFileError: [^\n]{1,180}\); details: "
+        f"{re.escape(str(run_dir / 'logs' / 'checkpoint.log'))}. To start over, move "
+        f"{re.escape(str(run_dir / 'checkpoints'))} away\n", err)
     assert (run_dir / "logs" / "checkpoint.log").read_text().count("RingFileError") >= 2
     assert (run_dir / "metrics.jsonl").read_bytes() == metrics
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["2", "4"]
@@ -224,7 +227,7 @@ def test_both_checkpoints_damaged_is_one_line_and_loses_nothing(finished, model_
     ("config.json",),  # killed during the first evaluation
     ("config.json", "metrics.jsonl", "checkpoints/"),  # killed before the first checkpoint
 ])
-def test_resume_without_a_checkpoint_says_it_reuses_finished_phases(model_dir, tmp_path, capsys,
+def test_resume_without_a_checkpoint_says_it_starts_fresh(model_dir, tmp_path, capsys,
                                                           monkeypatch, written):
     from experiments.job import Job
 
@@ -248,8 +251,7 @@ def test_resume_without_a_checkpoint_says_it_reuses_finished_phases(model_dir, t
     with pytest.raises(Stop):
         cli.main(args(model_dir, run_dir, "--resume"))
     err = capsys.readouterr().err
-    assert err == (f"entr-run: no RL checkpoint in {run_dir} yet: reusing the phases it "
-                   "finished\n")
+    assert err == f"entr-run: nothing to resume in {run_dir} (no checkpoint): starting fresh\n"
 
 
 def test_a_changed_config_is_refused_even_before_the_first_checkpoint(model_dir, tmp_path,
@@ -267,7 +269,7 @@ def test_a_changed_config_is_refused_even_before_the_first_checkpoint(model_dir,
     before = listing(run_dir)
     code, _, err = call(args(model_dir, run_dir, "--resume", "--seed", "7"), capsys)
     assert code == 2
-    assert err.startswith(f"entr-run: error: cannot resume {run_dir}: it has no checkpoint yet")
+    assert err.startswith(f"entr-run: error: cannot resume {run_dir}: it has no RL checkpoint yet")
     assert "seed: 0 -> 7" in err and "--resume-override" in err
     assert listing(run_dir) == before and (run_dir / "config.json").read_text() == saved
 
@@ -281,7 +283,7 @@ def test_a_changed_config_is_refused_even_before_the_first_checkpoint(model_dir,
     with pytest.raises(Stop):
         cli.main(args(model_dir, run_dir, "--resume", "--resume-override", "--seed", "7"))
     assert capsys.readouterr().err == (f"entr-run: no RL checkpoint in {run_dir} yet: "
-                                       "starting over\n")
+                                       "starting over with the new seed\n")
 
 
 def test_ctrl_c_prints_one_line_with_what_is_saved_and_the_resume_command(model_dir, tmp_path,

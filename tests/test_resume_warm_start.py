@@ -92,7 +92,7 @@ def test_a_kill_during_sft_resumes_bit_for_bit_reusing_the_initial_evaluation(
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == (
         f"entr-run: interrupted; no RL checkpoint yet; a resume reuses {run_dir}/eval/init.json, "
-        f"{run_dir}/sft_checkpoints; resume with: " + " ".join(["entr-run", *argv, "--resume"]))
+        f"{run_dir}/sft_checkpoints/4; resume with: " + " ".join(["entr-run", *argv, "--resume"]))
     assert [json.loads(x)["step"] for x in (run_dir / "sft.jsonl").read_text().splitlines()
             ] == [0, 1, 2, 3]
     assert cli.main(argv) == 2  # a run is here: never overwritten without --resume
@@ -127,7 +127,7 @@ def test_a_kill_after_the_warm_start_reuses_it_and_both_evaluations(
     evaluated = count_evaluations(monkeypatch)
     assert cli.main([*argv, "--resume"]) == 0
     assert calls == [] and evaluated == ["after_rl"]  # the sampler still serves the SFT weights
-    assert "continuing the warm start at SFT step 6 from " in capsys.readouterr().err
+    assert "reusing the finished warm start (6 SFT steps) from " in capsys.readouterr().err
     assert outputs(run_dir) == uninterrupted
 
 
@@ -146,6 +146,30 @@ def test_lost_sft_lines_fall_back_to_the_older_checkpoint(small_model_dir, tmp_p
     assert outputs(run_dir) == uninterrupted
 
 
+def test_unrestorable_warm_start_checkpoints_are_set_aside_and_it_starts_over(
+        small_model_dir, tmp_path, capsys, monkeypatch, uninterrupted):
+    """The warm start is a function of the configuration: when none of its checkpoints
+    restores, it is redone with a one-line warning (the damaged ones kept aside), not a
+    resume that stops until the user deletes them."""
+    run_dir = tmp_path / "run"
+    argv = args(small_model_dir, run_dir)
+    kill_at_sft_call(monkeypatch, 6)
+    assert cli.main(argv) == 130
+    (run_dir / "sft.jsonl").write_text("")  # neither checkpoint's steps are on file
+    monkeypatch.undo()
+    with pytest.warns(CheckpointFallbackWarning) as caught:
+        assert cli.main([*argv, "--resume"]) == 0
+    (fallback,) = [w for w in caught if w.category is CheckpointFallbackWarning
+                   and "warm start starts over" in str(w.message)]
+    assert str(fallback.message) == (
+        f"no warm-start checkpoint in {run_dir}/sft_checkpoints can be restored (the newest: "
+        "RunError: " f"{run_dir}/sft.jsonl holds SFT steps 0 .. -1 in order, the checkpoint has "
+        f"done steps 0 .. 3; details: {run_dir}/logs/checkpoint.log): moved to "
+        f"{run_dir}/sft_checkpoints_unrestorable; the warm start starts over at step 0")
+    assert sorted(p.name for p in (run_dir / "sft_checkpoints_unrestorable").iterdir()) == ["2", "4"]
+    assert outputs(run_dir) == uninterrupted
+
+
 def test_a_changed_configuration_starts_the_warm_start_over(small_model_dir, tmp_path, capsys,
                                                             monkeypatch):
     run_dir = tmp_path / "run"
@@ -156,8 +180,13 @@ def test_a_changed_configuration_starts_the_warm_start_over(small_model_dir, tmp
     evaluated = count_evaluations(monkeypatch)
     assert cli.main([*argv, "--resume", "--resume-override", "--sft.learning_rate", "0.002"]) == 0
     err = capsys.readouterr().err
-    assert f"entr-run: no RL checkpoint in {run_dir} yet: starting over" in err
+    assert (f"entr-run: no RL checkpoint in {run_dir} yet: starting over with the new "
+            f"sft.learning_rate (redoing {run_dir}/eval/init.json, {run_dir}/sft_checkpoints/4)"
+            ) in err
     assert "continuing the warm start" not in err
+    (record,) = [json.loads(x) for x in (run_dir / "resume_overrides.jsonl").read_text().splitlines()]
+    assert record["from_step"] == 0 and record["changes"] == [
+        {"field": "sft.learning_rate", "old": 0.001, "new": 0.002, "override": True}]
     assert evaluated == ["init", "before_rl", "after_rl"]
     assert [json.loads(x)["step"] for x in (run_dir / "sft.jsonl").read_text().splitlines()
             ] == list(range(6))
