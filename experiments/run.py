@@ -10,7 +10,8 @@ The run directory (``runs/<name>`` unless ``--run_dir``) receives the resolved c
 git commit, metrics, tensorboard events, checkpoints, evaluation JSON and summary.json
 (`experiments.rundir`). Also runnable as ``python -m experiments.run``.
 
-``--resume`` continues a run with the configuration it was started with; a difference
+``--resume`` continues a run with the configuration it was started with (its
+``config.json``: ``entr-run --run_dir DIR --resume`` needs no preset); a difference
 that changes the experiment is refused (listing the fields) unless ``--resume-override``
 is given, which records it in ``resume_overrides.jsonl`` (`experiments.resume`).
 
@@ -132,34 +133,49 @@ def parse(argv: list[str] | None = None) -> tuple[RunConfig, CliOptions]:
     if opts.resume_override and not opts.resume:
         raise ConfigError("--resume-override only makes sense with --resume")
     argv = [a for a in argv if a not in _FLAGS]
-    if not argv or argv[0] not in PRESETS:
-        names = ", ".join(sorted(PRESETS))
-        if argv and argv[0] in ("-h", "--help"):
-            print(__doc__ + f"\nPresets: {names}\nUse `entr-run PRESET --help` for every field.")
-            raise SystemExit(0)
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__ + f"\nPresets: {', '.join(sorted(PRESETS))}\nUse `entr-run PRESET --help` "
+              "for every field.")
+        raise SystemExit(0)
+    if argv and argv[0] in PRESETS:
+        name, fields = argv[0], argv[1:]
+    elif opts.resume and (not argv or argv[0].startswith("--")):
+        name, fields = None, argv  # the run's own configuration, from its config.json
+    else:
         got = repr(argv[0]) if argv else "nothing"
-        raise ConfigError(f"the first argument must be a preset ({names}), got {got}")
-    name = argv[0]
-    description, default = PRESETS[name]
+        raise ConfigError(f"the first argument must be a preset ({', '.join(sorted(PRESETS))}), "
+                          f"got {got}")
+    description, default = PRESETS[name] if name else ("Resume a run.", RunConfig())
 
     def cli(base: RunConfig) -> RunConfig:
-        return tyro.cli(type(base), default=base, args=argv[1:], prog=f"entr-run {name}",
+        return tyro.cli(type(base), default=base, args=fields,
+                        prog=f"entr-run {name}" if name else "entr-run",
                         description=description + " Run switches (not fields): --resume, "
                         "--resume-override, --debug; see `entr-run --help`.",
                         use_underscores=True)
 
     cfg = cli(default)
+    saved_cfg = None
     if opts.resume:  # the run's own configuration, with only the fields given here changed
         saved = os.path.join(cfg.run_dir or f"runs/{cfg.name}", "config.json")
         if os.path.isfile(saved):
             try:
                 with open(saved, encoding="utf-8") as f:
-                    saved_cfg = default.with_saved(json.load(f))
+                    saved_json = json.load(f)
+                saved_cfg = default.with_saved(saved_json)
             except (OSError, ValueError) as err:
                 raise ConfigError(f"cannot resume from {saved}: {err}") from None
+            started = saved_json.get("name")
+            if name and started in PRESETS and started != name:
+                print(f"entr-run: note: resuming {os.path.dirname(saved)} with its own "
+                      f"configuration (started from preset {started!r}); preset {name!r} "
+                      "is not used", file=sys.stderr)
             default = saved_cfg
             cfg = cli(saved_cfg)
-    if name in REQUIRES_MODEL_PATH and not cfg.model.path:
+        elif name is None:
+            raise ConfigError(f"cannot resume without a preset: {saved} does not exist; give "
+                              "the run's --run_dir, or the preset it was started with")
+    if name in REQUIRES_MODEL_PATH and not cfg.model.path and saved_cfg is None:
         raise ConfigError(f"preset {name!r} needs model.path (--model.path DIR, a local "
                           "Hugging Face checkpoint directory)")
     if cfg.sampler.kind == "sglang":  # a key that cannot be read is refused before work
@@ -169,7 +185,7 @@ def parse(argv: list[str] | None = None) -> tuple[RunConfig, CliOptions]:
             read_api_key(cfg.sampler.api_key, "sampler.api_key")
         except ValueError as err:
             raise ConfigError(str(err)) from None
-    note = check_selected_fields(cfg, _given_fields(argv[1:]), default)
+    note = check_selected_fields(cfg, _given_fields(fields), default)
     if note:
         print(f"entr-run: note: {note}", file=sys.stderr)
     return cfg, opts
