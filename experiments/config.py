@@ -95,8 +95,9 @@ def dotted(cfg: Any, field: str) -> Any:
 def _check_numbers(cfg: Any, prefix: str = "") -> None:
     """Refuse, naming the field, what no field of a run can mean: a NaN anywhere, an
     infinite value outside the objective sections (whose ranges say where ``inf`` is
-    meant, e.g. no upper clip), and a seed (``seed``, ``*_seed``) outside ``[0, 2**32)``,
-    which numpy and JAX refuse only when the run reaches them."""
+    meant, e.g. no upper clip), a seed (``seed``, ``*_seed``) outside ``[0, 2**32)``,
+    and any other integer outside ``[-2**63, 2**63)``, which numpy and JAX refuse (or
+    loop over) only when the run reaches them."""
     for f in dataclasses.fields(cfg):
         value, name = getattr(cfg, f.name), prefix + f.name
         if dataclasses.is_dataclass(value):
@@ -107,6 +108,10 @@ def _check_numbers(cfg: Any, prefix: str = "") -> None:
         elif (f.name == "seed" or f.name.endswith("_seed")) and isinstance(value, int) \
                 and not 0 <= value < 2**32:
             raise ValueError(f"{name} must be in [0, 2**32), got {value!r}")
+        elif isinstance(value, int) and not isinstance(value, bool) \
+                and not -2**63 <= value < 2**63:
+            raise ValueError(f"{name} must be a 64-bit integer (in [-2**63, 2**63)), got "
+                             f"{value!r}")
 
 
 # the registry's names as a Literal, so ``--help`` lists them and tyro refuses others

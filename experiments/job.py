@@ -77,6 +77,7 @@ class Job:
         self.cfg = cfg
         run_dir = cfg.run_dir or f"runs/{cfg.name}"
         preflight.check_run_dir(run_dir, "run_dir" if cfg.run_dir else "name")
+        preflight.check_output_dirs(cfg)
         self.run = RunDir(run_dir)
         self.resume = resume
         self.show_progress = show_progress

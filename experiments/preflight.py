@@ -3,6 +3,7 @@ the run is made first), each raising one error that names the field or the file.
 
 * `check_run_dir`: every path component within the file system's ``NAME_MAX``; the
   directory (or its nearest existing parent) is writable.
+* `check_output_dirs`: the folders a run writes outside its run directory are not files.
 * `check_devices`: the learner mesh tiles the devices of this process group; the sampler's
   replicas fit its local devices.
 * `read_model_config`: ``config.json`` of the model directory exists, is JSON and is a
@@ -28,10 +29,10 @@ from entr_jax.data import encode_prompt
 from entr_jax.data.files import cache_dir, data_folder
 from entr_jax.file_errors import BadFileError
 from entr_jax.model import ModelConfig, check_hf_tensors, read_config
-from experiments.config import RunConfig
+from experiments.config import RunConfig, dotted
 from experiments.errors import ConfigError
 
-__all__ = ["check_devices", "check_run_dir", "check_task", "check_tokenizer", "lag_horizon",
+__all__ = ["check_devices", "check_output_dirs", "check_run_dir", "check_task", "check_tokenizer", "lag_horizon",
            "read_model_config"]
 
 # prompts tokenized per set by check_task: the longest by characters (tokenizing every
@@ -99,6 +100,24 @@ def check_run_dir(path: str | os.PathLike, field: str = "run_dir") -> None:
         reason = err.strerror or type(err).__name__
         raise ConfigError(f"{field} {path}: cannot create files in {existing} ({reason}); "
                           "choose a writable --run_dir") from None
+
+
+# Folders a run writes outside its run directory (dotted fields; empty = not used).
+OUTPUT_DIR_FIELDS = ("shared_eval_dir", "sampler.export_dir", "logging.wandb_dir")
+
+
+def check_output_dirs(cfg: RunConfig) -> None:
+    """Refuse an output folder (`OUTPUT_DIR_FIELDS`) that exists and is not a directory:
+    the run would fail at its first write there, after the work before it.
+
+    Raises:
+      ConfigError: naming the field and the path.
+    """
+    for field in OUTPUT_DIR_FIELDS:
+        path = dotted(cfg, field)
+        if path and _exists(pathlib.Path(path)) and not pathlib.Path(path).is_dir():
+            raise ConfigError(f"{field} {path}: exists and is not a directory; choose "
+                              f"another --{field}")
 
 
 def check_devices(cfg: RunConfig) -> None:

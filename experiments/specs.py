@@ -261,6 +261,9 @@ class SamplerSpec:
             raise ValueError(f"sampler.kind must be 'jax' or 'sglang', got {self.kind!r}")
         require(self.kind != "sglang" or len(self.server_urls) > 0, "sampler.server_urls",
                  self.server_urls, "non-empty when sampler.kind is 'sglang'")
+        require(all(isinstance(u, str) and u.startswith(("http://", "https://"))
+                    for u in self.server_urls), "sampler.server_urls", self.server_urls,
+                "http(s):// URLs (e.g. http://127.0.0.1:30000)")
         require(not self.router_url or (self.kind == "sglang" and self.router_url.startswith(
             ("http://", "https://"))), "sampler.router_url", self.router_url,
             "empty, or an http(s):// URL with sampler.kind 'sglang'")

@@ -59,6 +59,8 @@ class OptimizerConfig:
             raise ValueError(
                 f"OptimizerConfig.schedule must be 'constant' or 'cosine', got {self.schedule!r}"
             )
+        if self.total_steps < 0:
+            raise ValueError(f"OptimizerConfig.total_steps must be >= 0, got {self.total_steps}")
         if self.schedule == "cosine" and self.total_steps <= self.warmup_steps:
             raise ValueError(
                 "OptimizerConfig.total_steps must exceed warmup_steps for a cosine schedule, "

@@ -78,6 +78,17 @@ PARSE_CASES = [
     (["--objective.entr.tau", "nan"], "EntrConfig.tau must be a number in (0.0, inf], got nan"),
     (["--name", ""], "name must be a non-empty run name inside runs/"),
     (["--name", "../elsewhere"], "name must be a non-empty run name inside runs/"),
+    # found by benchmarks/bad_inputs.py: reached the work silently, or hung
+    (["--rl_steps", str(10**30)],
+     f"rl_steps must be a 64-bit integer (in [-2**63, 2**63)), got {10**30}"),
+    (["--task.samples_per_prompt", str(10**30)],
+     f"task.samples_per_prompt must be a 64-bit integer (in [-2**63, 2**63)), got {10**30}"),
+    (["--sampler.kind", "sglang", "--sampler.server_urls", "127.0.0.1:30000", "",
+      "--objective.entr.entropy_source", "behavior_topk", "--staleness.intra_switches", "0"],
+     "sampler.server_urls must be http(s):// URLs (e.g. http://127.0.0.1:30000), got "
+     "('127.0.0.1:30000', '')"),
+    (["--optim.total_steps", "-1"],
+     "Error parsing optim: OptimizerConfig.total_steps must be >= 0, got -1"),
     # options of a kind, objective or task the run does not select
     (["--sampler.server_urls", "http://127.0.0.1:30000"],
      "sampler.server_urls only applies to sampler.kind=sglang; this run is sampler.kind=jax. "
@@ -218,6 +229,19 @@ def test_too_few_training_examples_name_the_field(call, capsys, tmp_path, data_d
                    f"than task.prompts_per_step (16); data read from {data_dir} (check "
                    "task.arithmetic_max_chars / task.arithmetic_ops)")
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("field", ["shared_eval_dir", "logging.wandb_dir"])
+def test_an_output_folder_that_is_a_file_is_refused(field, call, capsys, tmp_path):
+    """Found by benchmarks/bad_inputs.py: the run used to start and fail at its first
+    write there."""
+    file = tmp_path / "a_file"
+    file.write_text("x")
+    code, err = call(["quickstart", "--run_dir", str(tmp_path / "run"), f"--{field}",
+                      str(file)], capsys)
+    assert (code, err) == (2, f"entr-run: error: {field} {file}: exists and is not a "
+                              f"directory; choose another --{field}")
+    assert not (tmp_path / "run").exists()
 
 
 def test_path_component_over_name_max(call, capsys, tmp_path):
