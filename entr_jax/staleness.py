@@ -216,8 +216,10 @@ def full_lag_steps(cfg: StalenessConfig, steps: int) -> int | None:
         return steps
     if cfg.mode != "simulated":
         return None
-    return sum(planned_lag(cfg, n) == (inter_lag(cfg, n), cfg.intra_switches)
-               for n in range(steps))
+    # every step n >= max_lag + intra_switches gets it (`planned_lag`): count the head only
+    head = min(steps, cfg.max_lag + cfg.intra_switches)
+    return (sum(planned_lag(cfg, n) == (inter_lag(cfg, n), cfg.intra_switches)
+                for n in range(head)) + steps - head)
 
 
 class DelayLine:

@@ -166,7 +166,9 @@ def lag_horizon(cfg: RunConfig) -> str | None:
         return None
     lag = (f"inter_lag {st.inter_lag}" if st.inter_distribution == "fixed"
            else f"inter_lag {st.inter_lag}..max_inter_lag {st.max_inter_lag}")
-    start = sum(staleness.generation_version(st, n) == 0 for n in range(cfg.rl_steps))
+    # only steps n <= k_n, so n <= the largest lag, are made by the starting weights
+    start = sum(staleness.generation_version(st, n) == 0
+                for n in range(min(cfg.rl_steps, st.max_lag + 1)))
     return (f"only {full} of rl_steps={cfg.rl_steps} steps get the configured lag in full "
             f"(staleness.{lag} + staleness.intra_switches {st.intra_switches}): the delay line fills "
             f"first, and {start} steps train on samples of the starting weights (version 0); "

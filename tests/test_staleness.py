@@ -245,6 +245,16 @@ def test_full_lag_steps_counts_the_steps_after_the_delay_line_fills():
     assert [st.planned_lag(cfg, n) for n in (0, 29, 30, 32, 33, 39)] == [
         (0, 0), (29, 0), (30, 0), (30, 2), (30, 3), (30, 3)]
     assert st.full_lag_steps(cfg, 33) == 0
+    assert st.full_lag_steps(cfg, 10**15) == 10**15 - 33  # counted, not iterated
+    for cfg in (cfg, st.StalenessConfig(inter_lag=1, max_inter_lag=6, inter_distribution="uniform",
+                                        intra_switches=2, switch_window=8, ring_size=9),
+                st.StalenessConfig(inter_lag=0, max_inter_lag=5, inter_distribution="geometric",
+                                   geometric_p=0.5, intra_switches=1, switch_window=8,
+                                   ring_size=7)):
+        for steps in (0, 3, 7, 40, 61):  # the count is the one of every step, one by one
+            assert st.full_lag_steps(cfg, steps) == sum(
+                st.planned_lag(cfg, n) == (st.inter_lag(cfg, n), cfg.intra_switches)
+                for n in range(steps))
     assert st.full_lag_steps(st.StalenessConfig(mode="sync"), 40) == 40
     assert st.full_lag_steps(st.StalenessConfig(mode="async", max_staleness=2), 40) is None
 
