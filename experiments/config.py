@@ -21,15 +21,17 @@ from entr_jax.tasks.rewards import VerifierConfig
 from experiments.errors import ConfigError
 from learners.contract import check_reference_filters
 from learners.optim import OptimizerConfig
-from experiments.specs import (  # noqa: F401  (the sections, re-exported with the run's config)
+from experiments.sampler_specs import (  # noqa: F401  (re-exported with the run's config)
     MIN_TEMPERATURE,
-    CheckpointSpec,
-    DataSpec,
     FleetSpec,
-    LearnerSpec,
-    ModelSpec,
     SamplerSpec,
     SamplingSpec,
+)
+from experiments.specs import (  # noqa: F401  (the sections, re-exported with the run's config)
+    CheckpointSpec,
+    DataSpec,
+    LearnerSpec,
+    ModelSpec,
     SFTSpec,
     TaskSpec,
     require,
