@@ -24,9 +24,9 @@ import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from tqdm import tqdm
 
 from experiments import multiprocess as mp
+from experiments.progress import progress_bar
 from experiments.rollouts import RolloutBatch
 from experiments.sources import RolloutSource
 
@@ -63,8 +63,8 @@ def run_rl(job: Any, source: RolloutSource, hooks: Sequence[Hook], start: int, s
     batches of ``source`` (see the module docstring)."""
     learner, clock = job.learner, job.clock
     name = "RL async" if source.mode == "async" else "RL"
-    bar = tqdm(range(start, steps), desc=f"{name} ({job.cfg.objective.name})",
-               disable=not show_progress, dynamic_ncols=True)
+    bar = progress_bar(range(start, steps), desc=f"{name} ({job.cfg.objective.name})",
+                       show=show_progress)
     for n in bar:
         version = learner.version
         batch, timing = source.next_batch()

@@ -21,13 +21,13 @@ import warnings
 from typing import Any, Callable
 
 import numpy as np
-from tqdm import tqdm
 
 from experiments import jsonl
 from experiments import multiprocess as mp
 from experiments.config import RunConfig
 from experiments.errors import RunError
 from experiments.phases import PhaseClock
+from experiments.progress import progress_bar
 from experiments.resume import say
 from experiments.rundir import RunDir
 from experiments.tasks import TaskBundle, demo_trajectory
@@ -90,8 +90,8 @@ def warm_start(cfg: RunConfig, task: TaskBundle, tokenizer: Any, module_fn: Call
             run.append_jsonl("sft.jsonl", {"step": step, "loss": m["loss"]})
             sft_tb.log(step, None, {"sft/loss": m["loss"]})
 
-        bar = tqdm(range(start, sft.steps), desc="SFT warm start", initial=start,
-                   total=sft.steps, disable=not show_progress, dynamic_ncols=True)
+        bar = progress_bar(range(start, sft.steps), desc="SFT warm start", initial=start,
+                           total=sft.steps, show=show_progress)
         for step in bar:
             idx = order[step * sft.batch_size:(step + 1) * sft.batch_size]
             m = learner.sft_on([trajs[i] for i in share.take(idx, "sft.batch_size")])
