@@ -91,7 +91,8 @@ class Job:
         self.plan = (resume_policy.plan_resume(self.run, cfg.to_json(), resume_override)
                      if resume else None)
         preflight.check_devices(cfg)
-        if (note := preflight.lag_horizon(cfg)) is not None:
+        finished = self.plan is not None and self.plan.action == "finished"
+        if not finished and (note := preflight.lag_horizon(cfg)) is not None:
             warnings.warn(note, stacklevel=2)
         self.model_cfg = preflight.read_model_config(cfg.model.path or tiny_dir())
         preflight.check_weights_sha256(cfg)

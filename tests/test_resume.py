@@ -63,12 +63,18 @@ def listing(root):
     return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
 
 
-def test_finished_run_resumed_with_its_config_says_so(finished, model_dir, capsys):
+def test_finished_run_resumed_with_its_config_says_so(finished, model_dir, capsys, monkeypatch,
+                                                      recwarn):
+    from experiments import preflight
+
+    monkeypatch.setattr(preflight, "lag_horizon", lambda cfg: "a note on how it would run")
     before = listing(finished)
     code, out, err = call(args(model_dir, finished, "--resume", "--checkpoint.keep", "3"), capsys)
     assert code == 0
     assert (f"entr-run: {finished} already finished (summary.json): nothing to resume; "
             "showing its summary") in err
+    # nothing runs: no warning about how it would run
+    assert not [w for w in recwarn if "a note on how it would run" in str(w.message)]
     summary = json.loads((finished / "summary.json").read_text())
     assert json.loads(out[:out.rindex("}") + 1])["eval_accuracy_after"] == summary["eval_accuracy_after"]
     assert listing(finished) == {**before, "logs/run.log": listing(finished)["logs/run.log"]}
