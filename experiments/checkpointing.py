@@ -86,13 +86,8 @@ def verify(run: RunDir, cfg: RunConfig, restored: dict[str, Any], template: Any,
     data.set_state(mp.own(restored["data_state"], "data_state"))
     line = DelayLine(cfg.staleness)
     state_io.load_delay_line(line, mp.own(queue["delay_line"], "delay_line"))
-    path = run / "metrics.jsonl"
-    records = jsonl.read_records(path) if path.exists() else []
-    done = next((i for i, r in enumerate(records) if r.get("step") != i), len(records))
-    if done < start:
-        raise MetricsGapError(f"{path} holds steps 0 .. {done - 1} in order, the checkpoint "
-                              f"has done steps 0 .. {start - 1}")
-    return {"ring": ring, "line": line, "metrics": records[:start]}
+    metrics = jsonl.leading_steps(run / "metrics.jsonl", start, error=MetricsGapError)
+    return {"ring": ring, "line": line, "metrics": metrics}
 
 
 def restore(run: RunDir, learner: Any, plan: Any

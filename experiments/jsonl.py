@@ -106,3 +106,22 @@ def _remove(path: pathlib.Path) -> None:
         path.unlink(missing_ok=True)
     except OSError:
         pass
+
+
+def leading_steps(path: str | os.PathLike, steps: int, what: str = "steps",
+                  error: type[Exception] = ValueError) -> list[dict[str, Any]]:
+    """The first ``steps`` records of a per-step JSONL file (``[]`` when it is missing),
+    which must start with ``step`` 0 .. ``steps - 1``, each once and in order: a missing,
+    partial or repeated line there is a gap.
+
+    Raises:
+      error: the file holds fewer leading steps in order (``<path> holds <what> 0 .. k - 1
+        in order, the checkpoint has done <what> 0 .. steps - 1``).
+    """
+    records = read_records(path) if pathlib.Path(path).exists() else []
+    held = next((i for i, r in enumerate(records) if r.get("step") != i), len(records))
+    if held < steps:
+        raise error(f"{path} holds {what} 0 .. {held - 1} in order, the checkpoint has done "
+                    f"{what} 0 .. {steps - 1}")
+    return records[:steps]
+

@@ -122,14 +122,8 @@ def _verify(run: RunDir, restored: dict[str, Any]) -> list[dict[str, Any]]:
     """The ``verify`` of the warm start's checkpoints: ``sft.jsonl`` must start with steps
     ``0 .. done - 1`` each once (else the checkpoint falls back to an older one); returns
     those records."""
-    done = int(restored["data_state"]["sft_step"])
-    path = run / "sft.jsonl"
-    records = jsonl.read_records(path) if path.exists() else []
-    held = next((i for i, r in enumerate(records) if r.get("step") != i), len(records))
-    if held < done:
-        raise RunError(f"{path} holds SFT steps 0 .. {held - 1} in order, the checkpoint has "
-                       f"done steps 0 .. {done - 1}")
-    return records[:done]
+    return jsonl.leading_steps(run / "sft.jsonl", int(restored["data_state"]["sft_step"]),
+                               "SFT steps", RunError)
 
 
 def _restore(run: RunDir, learner: Learner, steps: int) -> int:

@@ -163,8 +163,8 @@ def test_unrestorable_warm_start_checkpoints_are_set_aside_and_it_starts_over(
                    and "warm start starts over" in str(w.message)]
     assert str(fallback.message) == (
         f"no warm-start checkpoint in {run_dir}/sft_checkpoints can be restored (the newest: "
-        "RunError: " f"{run_dir}/sft.jsonl holds SFT steps 0 .. -1 in order, the checkpoint has "
-        f"done steps 0 .. 3; details: {run_dir}/logs/checkpoint.log): moved to "
+        f"RunError: {run_dir}/sft.jsonl holds SFT steps 0 .. -1 in order, the checkpoint has "
+        f"done SFT steps 0 .. 3; details: {run_dir}/logs/checkpoint.log): moved to "
         f"{run_dir}/sft_checkpoints_unrestorable; the warm start starts over at step 0")
     assert sorted(p.name for p in (run_dir / "sft_checkpoints_unrestorable").iterdir()) == ["2", "4"]
     assert outputs(run_dir) == uninterrupted
