@@ -23,7 +23,6 @@ each knob means then is in `experiments.multiprocess`.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 import warnings
 from typing import Any
@@ -53,7 +52,6 @@ from experiments.sources import RolloutSource, SimulatedSource
 from experiments.step_log import StepLog
 from experiments.summary import summary, time_split
 from experiments.tasks import TaskBundle, build_task
-from experiments.warm_start import CHECKPOINTS as WARM_START_CHECKPOINTS
 from experiments.warm_start import warm_start
 from learners.checkpoint import CheckpointManager
 from learners.learner import Learner, LearnerConfig
@@ -209,11 +207,7 @@ class Job:
         book["phases"] = self.clock.state_dict(book["elapsed_s"])
         checkpointing.save(self.cfg, self.run, self.learner, self.episodes.data, source, book,
                            next_step, self.clock)
-        self._drop_warm_start_checkpoints()  # RL resumes from its own now
-
-    def _drop_warm_start_checkpoints(self) -> None:
-        if self.run.writer and (self.run / WARM_START_CHECKPOINTS).exists():
-            shutil.rmtree(self.run / WARM_START_CHECKPOINTS)
+        self.run.drop_sft_checkpoints()  # RL resumes from its own now
 
     def flush(self) -> None:
         """Fetch and log the last dispatched step's learner metrics."""
@@ -370,7 +364,7 @@ class Job:
         timing = time_split(self.clock, self.task.verifier, book["elapsed_s"], self.startup_s)
         out = summary(cfg, self.run, book, self.task.eval_sets, self.objective.config, timing)
         self.run.write_json("summary.json", out)
-        self._drop_warm_start_checkpoints()  # a finished run is never continued
+        self.run.drop_sft_checkpoints()  # a finished run is never continued
         self.learner.close()
         self.logger.close()
         self.task.verifier.close()

@@ -226,11 +226,11 @@ def interrupted(run_dir: str | None, argv: list[str]) -> str:
     the command that resumes it."""
     if run_dir is None:
         return "interrupted before the run started: nothing saved"
-    from experiments.rundir import RunDir
+    from experiments.rundir import RunDir, checkpoint_steps
 
     run = RunDir(run_dir)
     ckpt = run.checkpoint_dir
-    steps = sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit()) if ckpt.is_dir() else []
+    steps = checkpoint_steps(ckpt)
     if steps:
         saved = f"saved up to RL step {steps[-1]} ({ckpt / str(steps[-1])})"
     elif reused := run.reusable_phases():

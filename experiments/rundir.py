@@ -38,6 +38,7 @@ import math
 import os
 import pathlib
 import platform
+import shutil
 import subprocess
 import time
 from typing import Any, Mapping
@@ -104,9 +105,19 @@ class RunDir:
     def checkpoint_dir(self) -> pathlib.Path:
         return self.path / "checkpoints"
 
+    @property
+    def sft_checkpoint_dir(self) -> pathlib.Path:
+        """The warm start's checkpoints (`experiments.warm_start`)."""
+        return self.path / "sft_checkpoints"
+
     def has_checkpoint(self) -> bool:
-        d = self.checkpoint_dir
-        return d.is_dir() and any(p.name.isdigit() for p in d.iterdir())
+        return bool(checkpoint_steps(self.checkpoint_dir))
+
+    def drop_sft_checkpoints(self) -> None:
+        """Delete the warm start's checkpoints (RL's own, or the finished run, supersede
+        them; a warm start started over replaces them)."""
+        if self.writer and self.sft_checkpoint_dir.exists():
+            shutil.rmtree(self.sft_checkpoint_dir)
 
     def is_finished(self) -> bool:
         return (self.path / "summary.json").exists()
@@ -117,9 +128,8 @@ class RunDir:
         (``sft_checkpoints/<step>``)."""
         found = [self.path / "eval" / f"{phase}.json" for phase in ("init", "before_rl")
                  if (self.path / "eval" / f"{phase}.json").is_file()]
-        sft = self.path / "sft_checkpoints"
-        steps = sorted(int(p.name) for p in sft.iterdir() if p.name.isdigit()) if sft.is_dir() else []
-        return found + [sft / str(step) for step in steps[-1:]]
+        sft = self.sft_checkpoint_dir
+        return found + [sft / str(step) for step in checkpoint_steps(sft)[-1:]]
 
     def holds_run(self) -> bool:
         """A run has written here (metrics, a checkpoint of RL or of its warm start, or a
@@ -188,6 +198,14 @@ class RunDir:
             except OSError:
                 pass
         return path
+
+
+def checkpoint_steps(directory: pathlib.Path) -> list[int]:
+    """The step numbers of the orbax step folders in ``directory``, ascending ([] when it
+    does not exist)."""
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
 
 
 def _atomic_write(target: pathlib.Path, text: str) -> None:

@@ -16,7 +16,6 @@ first RL checkpoint continues from the newest one that restores and whose steps
 from __future__ import annotations
 
 import json
-import shutil
 import warnings
 from typing import Any, Callable
 
@@ -36,8 +35,6 @@ from learners.checkpoint import (CheckpointFallbackWarning, CheckpointManager,
 from learners.learner import Learner, LearnerConfig
 from learners.logging import MetricsLogger
 from learners.optim import OptimizerConfig
-
-CHECKPOINTS = "sft_checkpoints"
 
 
 def warm_start(cfg: RunConfig, task: TaskBundle, tokenizer: Any, module_fn: Callable[[], Any],
@@ -67,12 +64,12 @@ def warm_start(cfg: RunConfig, task: TaskBundle, tokenizer: Any, module_fn: Call
         # to the next power of two (the quickstart's: 11 tokens, not 16)
         longest = max(len(t.prompt_ids) + len(t.response_ids) for t in trajs)
         every = cfg.checkpoint.sft_every
-        if not resume and run.writer and (run / CHECKPOINTS).exists():
-            shutil.rmtree(run / CHECKPOINTS)  # an earlier warm start's, now started over
+        if not resume:
+            run.drop_sft_checkpoints()  # an earlier warm start's, now started over
         checkpoint = None
         if every:
             checkpoint = CheckpointManager(
-                run / CHECKPOINTS, max_to_keep=cfg.checkpoint.keep,
+                run.sft_checkpoint_dir, max_to_keep=cfg.checkpoint.keep,
                 log_file=run / "logs" / "checkpoint.log",
                 verify=lambda step, restored: _verify(run, restored))
         learner = Learner(module_fn, learner_config(opt, tokenizer.pad_token_id, longest),
@@ -114,7 +111,7 @@ def _save(run: RunDir, learner: Learner, done: int) -> None:
     """Checkpoint the warm start after ``done`` steps (waits for the write)."""
     if not learner.save(data_state={"sft_step": done}, force=True):
         raise RunError(f"warm-start checkpoint after SFT step {done} was not saved: a "
-                       f"checkpoint of its step exists in {run / CHECKPOINTS}")
+                       f"checkpoint of its step exists in {run.sft_checkpoint_dir}")
     learner.checkpoint.wait()
 
 
@@ -137,13 +134,13 @@ def _restore(run: RunDir, learner: Learner, steps: int) -> int:
     except CheckpointRestoreError as err:
         manager = learner.checkpoint
         manager.set_aside(manager.all_steps())
-        warnings.warn(f"no warm-start checkpoint in {run / CHECKPOINTS} can be restored "
+        warnings.warn(f"no warm-start checkpoint in {run.sft_checkpoint_dir} can be restored "
                       f"(the newest: {err.newest}; details: {err.log_file}): moved to "
                       f"{manager.unrestorable_dir}; the warm start starts over at step 0",
                       CheckpointFallbackWarning, stacklevel=2)
         return 0
     if items is None:
-        say(run, f"no warm-start checkpoint in {run / CHECKPOINTS}: the warm start starts "
+        say(run, f"no warm-start checkpoint in {run.sft_checkpoint_dir}: the warm start starts "
                  "at step 0")
         return 0
     done = int(items["data_state"]["sft_step"])

@@ -11,6 +11,18 @@ from experiments.configs import QUICKSTART
 from experiments.job import Job
 
 
+def small_argv(model_dir, run_dir, *extra):
+    """``entr-run`` arguments of a small quickstart run on ``model_dir`` (tiny arithmetic
+    task of 2 prompts, 2 evaluation examples of 1 sample, inter lag 1, SFT batches of 4,
+    checkpoints every 2 steps, 2 kept), then ``extra`` (fields these do not set)."""
+    return ["quickstart", "--run_dir", str(run_dir), "--model.path", str(model_dir),
+            "--sft.batch_size", "4", "--checkpoint.every", "2", "--checkpoint.keep", "2",
+            "--token_samples_every", "0", "--task.prompts_per_step", "2",
+            "--task.eval_examples", "2", "--task.eval_samples", "1",
+            "--task.arithmetic_max_chars", "5", "--staleness.inter_lag", "1",
+            "--staleness.intra_switches", "0", "--staleness.ring_size", "2", *extra]
+
+
 def small_config(model_dir, run_dir, **changes):
     """The quickstart shrunk to seconds: 4 RL steps of 2 prompts x 3 samples, no SFT,
     inter lag 1, token samples every 2 steps, checkpoints every 2; ``changes`` replace

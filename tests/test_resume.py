@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 
+from tests.small_job import small_argv
 from tests.tb_events import read_events
 
 from experiments import run as cli
@@ -23,15 +24,10 @@ def model_dir(small_model_dir):
 
 
 def args(model_dir, run_dir, *extra):
-    return ["quickstart", "--run_dir", str(run_dir), "--model.path", str(model_dir),
-            "--sft.steps", "0", "--sft.batch_size", "4", "--sft.no_save_model",
-            "--rl_steps", "4", "--checkpoint.every", "2", "--checkpoint.keep", "2",
-            "--token_samples_every", "0", "--task.prompts_per_step", "2",
-            "--task.samples_per_prompt", "3", "--task.max_new_tokens", "6",
-            "--task.max_total_tokens", "6", "--task.eval_examples", "2",
-            "--task.eval_samples", "1", "--task.arithmetic_max_chars", "5",
-            "--staleness.inter_lag", "1", "--staleness.intra_switches", "0",
-            "--staleness.ring_size", "2", *extra]
+    """No SFT, 4 RL steps of 2 prompts x 3 samples (`tests.small_job.small_argv`)."""
+    return small_argv(model_dir, run_dir, "--sft.steps", "0", "--sft.no_save_model",
+                      "--rl_steps", "4", "--task.samples_per_prompt", "3",
+                      "--task.max_new_tokens", "6", "--task.max_total_tokens", "6", *extra)
 
 
 def call(argv, capsys):

@@ -11,20 +11,16 @@ from experiments import run as cli
 from experiments.evaluation import Evaluator
 from learners.checkpoint import CheckpointFallbackWarning
 from learners.learner import Learner
+from tests.small_job import small_argv
 
 
 def args(model_dir, run_dir, *extra):
-    """6 SFT steps checkpointed every 2, then 2 RL steps checkpointed at step 2."""
-    return ["quickstart", "--run_dir", str(run_dir), "--model.path", str(model_dir),
-            "--sft.steps", "6", "--sft.batch_size", "4", "--sft.warmup_steps", "1",
-            "--checkpoint.sft_every", "2", "--checkpoint.keep", "2",
-            "--rl_steps", "2", "--checkpoint.every", "2",
-            "--token_samples_every", "0", "--task.prompts_per_step", "2",
-            "--task.samples_per_prompt", "2", "--task.max_new_tokens", "4",
-            "--task.max_total_tokens", "4", "--task.eval_examples", "2",
-            "--task.eval_samples", "1", "--task.arithmetic_max_chars", "5",
-            "--staleness.inter_lag", "1", "--staleness.intra_switches", "0",
-            "--staleness.ring_size", "2", *extra]
+    """6 SFT steps checkpointed every 2, then 2 RL steps checkpointed at step 2
+    (`tests.small_job.small_argv`)."""
+    return small_argv(model_dir, run_dir, "--sft.steps", "6", "--sft.warmup_steps", "1",
+                      "--checkpoint.sft_every", "2", "--rl_steps", "2",
+                      "--task.samples_per_prompt", "2", "--task.max_new_tokens", "4",
+                      "--task.max_total_tokens", "4", *extra)
 
 
 class Killed(KeyboardInterrupt):
