@@ -23,7 +23,9 @@ with two more tables, written and committed before any of its runs::
     [comparison] ...                            # base and methods, as in a sweep spec
     [fixed] ...
 
-Stages (each a set of sweeps, one per warm start, resumable: finished runs are skipped):
+Stages (each a set of sweeps, one per warm start, resumable: finished runs are skipped;
+run in paired blocks, every arm of a seed on every warm start before the next seed, so a
+stage cut short leaves whole (warm start, seed) pairs):
 
 * ``tune``: every candidate of every ``[tuning.X]`` method (labels ``X@0``, ``X@1``, ...)
   and the ``tuning_arms`` on ``tuning_seeds`` x warm starts, into ``OUT/tune/<ws>/``;
@@ -169,14 +171,18 @@ def stage_sweeps(study: dict[str, Any], stage: str, out: str | pathlib.Path,
 def run_stage(study: dict[str, Any], stage: str, out: str | pathlib.Path, workers: int,
               choice: dict[str, Any] | None = None, only: str | None = None,
               sets: dict[str, Any] | None = None, warm_start: str | None = None) -> list[dict]:
-    """Run a stage's sweeps (finished runs skipped); returns the run records."""
-    records = []
-    for spec, where in stage_sweeps(study, stage, out, choice, sets, warm_start):
+    """Run a stage's sweeps (finished runs skipped) in paired blocks: the runs of the first
+    seed on every warm start (all arms), then the next seed's, so a stage cut short
+    leaves whole (warm start, seed) pairs to compare; returns the run records."""
+    seeds = study["preregistration"]["tuning_seeds" if stage == "tune" else "test_seeds"]
+    keyed = []
+    for w, (spec, where) in enumerate(stage_sweeps(study, stage, out, choice, sets, warm_start)):
         runs = sweep.expand(spec, where)
         comparison.verify(spec, runs)
         comparison.write_spec(spec, where)
-        records += sweep.run_local(spec, where, workers, only)
-    return records
+        keyed += [((seeds.index(r.overrides["seed"]), w, i), r) for i, r in enumerate(runs)]
+    ordered = [r for _, r in sorted(keyed, key=lambda kr: kr[0])]
+    return sweep.run_runs(study["preset"], sweep.select(ordered, only), workers)
 
 
 def _metric(summary: dict[str, Any], key: str) -> float:

@@ -193,14 +193,21 @@ def run_local(spec: dict[str, Any], out_dir: str | pathlib.Path, workers: int = 
     (`reuse_finished`); returns one record per run."""
     runs = select(expand(spec, out_dir), only)
     reused = reuse_finished(spec, runs, reuse or [])
-    pending = [r for r in runs if not is_finished(r)]
     done = {r["name"] for r in reused}
-    records = reused + [{"name": r.name, "status": "skipped (finished)"}
-                        for r in runs if is_finished(r) and r.name not in done]
+    return reused + [r for r in run_runs(spec["preset"], runs, workers)
+                     if not (r["name"] in done and r["status"] == "skipped (finished)")]
+
+
+def run_runs(preset: str, runs: list[SweepRun], workers: int = 1) -> list[dict]:
+    """Run the unfinished ``runs`` of ``preset``, started in the order given, ``workers``
+    at a time (a run that has started before resumes); one record per run: ``status``
+    "skipped (finished)", "ok", or "rc=N" with its last ``error`` line and ``log``."""
+    pending = [r for r in runs if not is_finished(r)]
+    records = [{"name": r.name, "status": "skipped (finished)"} for r in runs if is_finished(r)]
 
     def _one(run: SweepRun) -> dict:
         run.run_dir.mkdir(parents=True, exist_ok=True)
-        cmd = run.command(spec["preset"], resume=has_started(run))
+        cmd = run.command(preset, resume=has_started(run))
         log_path = run.run_dir / "sweep.log"
         with open(log_path, "a") as log:
             proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env())

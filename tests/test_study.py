@@ -187,6 +187,19 @@ def test_one_warm_start_at_a_time(study, tmp_path):
         st.stage_sweeps(study, "tune", tmp_path, warm_start="C")
 
 
+def test_a_stage_runs_in_paired_blocks_of_seed_and_warm_start(study, tmp_path, monkeypatch):
+    started = []
+    monkeypatch.setattr(st.sweep, "run_runs", lambda preset, runs, workers: started.extend(
+        (r.run_dir.parent.name, r.name) for r in runs) or [])
+    st.run_stage(study, "tune", tmp_path, workers=2)
+    methods = ("entr@0", "entr@1", "grpo_async")
+    assert started == [(ws, f"method={m}_seed={s}") for s in (100, 101) for ws in "AB"
+                       for m in methods]
+    started.clear()
+    st.run_stage(study, "tune", tmp_path, workers=2, only="grpo", warm_start="B")
+    assert started == [("B", "method=grpo_async_seed=100"), ("B", "method=grpo_async_seed=101")]
+
+
 def test_archive_keeps_the_small_files_and_the_baselines_token_samples(study, tmp_path):
     out, to = tmp_path / "out", tmp_path / "archive"
     for spec, where in st.stage_sweeps(study, "tune", out, warm_start="A"):
