@@ -93,6 +93,16 @@ def test_curve_points_on_a_hand_example():
     assert c.auc() == pytest.approx(0.5 * (2 / 3 + 1) / 2 + 0.5)
 
 
+
+def test_matched_recall_table_reads_the_hand_example():
+    score = np.array([5.0, 4.0, 4.0, 1.0, np.nan])
+    mis = np.array([True, False, True, False, True])
+    kp = gc.key_points(gc.curve("entr", score, ~mis, mis), ys=(0.5, 1.0))
+    table = gc.matched_recall_table({"overall": {"entr": kp}}, ys=(0.5, 1.0))
+    # recall 1/2 needs threshold 4 (2 of 3 M cut: 40 % of all); recall 1 needs 1 (80 %);
+    # the default tau 1 cuts 1 S of 2, 3 M of 3, 4 of 5; no material table: "-"
+    assert table.splitlines()[2] == "| entr | 0.917 | 40.00 / 80.00 | - | - | 50.00 / 100.00 / 80.00 |"
+
 def _synthetic(n=60000, runs=4, a=1.3, k_true=1.0, seed=0):
     """Tokens whose drift has variance a H and whose mismatch has variance
     1e-3 ((1-q)/q)^k_true."""

@@ -370,6 +370,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gate {g:7s} AUC {kp['auc']:.3f} (material {m_auc})  mis cut at 2% stale cut "
               f"{kp['y_at_x']['0.02']:.3f}  default: stale {kp['default']['x']:.4f} "
               f"mis {kp['default']['y']:.4f}")
+    table = gc.matched_recall_table(summary["gates"])
+    (out / "gates.md").write_text(table + "\n")
+    print(table)
     print(f"ENTR tau cutting <= 2% of staleness-dominated tokens: "
           f"{summary['gates']['tau_rule_2pct']:.4g}; of the material ones "
           f"(|delta| > {mat['floor_nats']:g}: {mat['stale']} stale, {mat['mis']} mis): "

@@ -180,3 +180,24 @@ def key_points(c: Curve, xs: Sequence[float] = (0.005, 0.01, 0.02, 0.05),
         "default": c.at_threshold(DEFAULTS[c.gate]),
         "grid": [c.at_threshold(t) for t in grid],
     }
+
+
+def matched_recall_table(gates: dict[str, Any], ys: Sequence[float] = (0.5, 0.8, 0.9)) -> str:
+    """Markdown table of `experiments.analysis.decompose.gate_report` output ``gates``: per
+    gate, the AUC and the share of *all* tokens it masks when its threshold is set to cut
+    a share ``y`` of the mismatch-dominated tokens (mask fractions at matched recall; a
+    smaller share is a sharper detector of mismatch), over every token and over the
+    material ones (``gates["material"]``; "-" where a class is empty), and the cut shares at
+    the gate's default (stale / mismatch / all), in percent."""
+    pct = lambda v: "-" if v is None or not math.isfinite(v) else f"{100 * v:.2f}"  # noqa: E731
+    at = lambda p: " / ".join(pct(p["all_at_y"].get(f"{y:g}")) for y in ys) if p else "-"  # noqa: E731
+    recall = " / ".join(f"{100 * y:g}" for y in ys)
+    lines = [f"| gate | AUC | % of all tokens cut at {recall} % recall | material AUC | "
+             f"material: % cut at {recall} % recall | default: % stale / mis / all cut |",
+             "|---|---|---|---|---|---|"]
+    for g, kp in gates["overall"].items():
+        mat = gates.get("material", {}).get(g)
+        d, mat_auc = kp["default"], f"{mat['auc']:.3f}" if mat else "-"
+        lines.append(f"| {g} | {kp['auc']:.3f} | {at(kp)} | {mat_auc} | {at(mat)} | "
+                     f"{pct(d['x'])} / {pct(d['y'])} / {pct(d['all'])} |")
+    return "\n".join(lines)
