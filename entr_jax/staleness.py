@@ -133,6 +133,8 @@ class StalenessConfig:
             self.intra_switches,
             f"<= switch_window - 1 ({self.switch_window - 1})",
         )
+        _require(self.ring_size >= 1, "ring_size", self.ring_size,
+                 ">= 1 (it keeps the versions the intra switches replay)")
         _require(
             self.ring_size >= self.intra_switches + 1,
             "intra_switches",

@@ -73,6 +73,41 @@ _SELECTION_NOUNS = {"staleness.mode": "modes", "sampler.kind": "sampler kinds",
                     "task.name": "tasks", "objective.name": "objectives"}
 
 
+def _switches(cfg: Any, prefix: str = ""):
+    """Dotted names of the bool fields: tyro's switches (``--a.b`` / ``--a.no_b``)."""
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _switches(value, prefix + f.name + ".")
+        elif f.type in (bool, "bool"):
+            yield prefix + f.name
+
+
+def check_switch_values(fields: list[str], cfg: Any) -> None:
+    """Refuse a value given to a switch (``--sft.save_model maybe``, ``--x.flag=true``),
+    naming the field and both spellings, before tyro's own "Unrecognized options".
+
+    Raises:
+      ConfigError: a switch of ``cfg`` is followed by a value.
+    """
+    switches = set(_switches(cfg))
+    for i, arg in enumerate(fields):
+        if not arg.startswith("--"):
+            continue
+        name, eq, value = arg[2:].partition("=")
+        name = name.replace("-", "_")
+        section, _, leaf = name.rpartition(".")
+        on = name if name in switches else (
+            f"{section}.{leaf[3:]}".lstrip(".") if leaf.startswith("no_") else None)
+        if on not in switches:
+            continue
+        if eq or (i + 1 < len(fields) and not fields[i + 1].startswith("-")):
+            got = value if eq else fields[i + 1]
+            no = f"{on.rpartition('.')[0]}.no_{on.rpartition('.')[2]}".lstrip(".")
+            raise ConfigError(f"{on} is a switch and takes no value (got {got!r}): write "
+                              f"--{on} to turn it on or --{no} to turn it off")
+
+
 def _leaves(cfg: Any, prefix: str = ""):
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
@@ -154,6 +189,7 @@ def parse(argv: list[str] | None = None) -> tuple[RunConfig, CliOptions]:
                         "--resume-override, --debug; see `entr-run --help`.",
                         use_underscores=True)
 
+    check_switch_values(fields, default)
     cfg = cli(default)
     saved_cfg = None
     if opts.resume:  # the run's own configuration, with only the fields given here changed

@@ -98,6 +98,12 @@ PARSE_CASES = [
     (["--objective.name", "grpo", "--objective.entr.tau", "0.5"],
      "objective.entr.tau only applies to objective.name=entr/estr; this run is "
      "objective.name=grpo. Remove --objective.entr.tau or set --objective.name entr"),
+    (["--sft.save_model", "maybe"],
+     "sft.save_model is a switch and takes no value (got 'maybe'): write --sft.save_model to "
+     "turn it on or --sft.no_save_model to turn it off"),
+    (["--verifier.no_fast_path=false"],
+     "verifier.fast_path is a switch and takes no value (got 'false'): write "
+     "--verifier.fast_path to turn it on or --verifier.no_fast_path to turn it off"),
     (["--task.chain_terms_max", "12"],
      "task.chain_terms_max only applies to task.name=chain_sum; this run is task.name=arithmetic"),
 ]

@@ -124,6 +124,12 @@ def test_bad_config_names_the_field(kwargs, field):
         st.StalenessConfig(**kwargs)
 
 
+
+@pytest.mark.parametrize("ring_size", [0, -1])
+def test_an_empty_ring_is_refused_naming_the_ring(ring_size):
+    with pytest.raises(ValueError, match=rf"^staleness\.ring_size must be >= 1 .*, got {ring_size}$"):
+        st.StalenessConfig(intra_switches=0, ring_size=ring_size)
+
 # ---- measured vs configured staleness through the loop's rollout code (issue 11, item 8)
 
 class _ScheduleSampler:
