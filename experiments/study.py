@@ -36,7 +36,8 @@ stage cut short leaves whole (warm start, seed) pairs):
   becomes the arm ``<rule_arm>_rule``;
 * ``test``: the ``arms`` with their chosen values (+ the rule arm) on ``test_seeds`` x
   warm starts, into ``OUT/test/<ws>/``;
-* ``report``: `experiments.analysis.study_report`.
+* ``report``: `experiments.analysis.study_report`, printed and written to
+  ``OUT/report.md`` and ``OUT/report.json`` (an interim look says so).
 
 Usage::
 
@@ -372,7 +373,11 @@ def main(argv: list[str] | None = None) -> int:
             from experiments.analysis.study_report import format_report, study_report
 
             rows = stage_results(study, "test", args.out, choice)
-            print(format_report(study_report(study, rows, choice)))
+            report = study_report(study, rows, choice)
+            text = format_report(report)
+            (pathlib.Path(args.out) / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+            (pathlib.Path(args.out) / "report.md").write_text(text + "\n")
+            print(text)
             return 0
         records = run_stage(study, args.stage, args.out, args.workers, choice, args.only,
                             sweep.parse_set(args.set), args.warm_start)

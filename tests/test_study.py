@@ -129,6 +129,39 @@ def test_report_pairs_by_warm_start_and_seed():
     assert p["by_ws"] == {"A": pytest.approx(0.12), "B": pytest.approx(0.12)}
 
 
+
+def test_the_report_stage_pairs_the_test_runs_and_says_an_interim_look(study, tmp_path, capsys):
+    spec = tmp_path / "study.toml"
+    spec.write_text(SPEC.format(a="a" * 64, b="b" * 64))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "choice.json").write_text(json.dumps({"chosen": {"entr": {"own": {"tau": 4.0}}}}))
+    for sweep_spec, where in st.stage_sweeps(study, "test", out, {"chosen": {"entr": {"own": {"tau": 4.0}}}}):
+        for run in st.sweep.expand(sweep_spec, where):
+            label, seed = run.name.split("_seed=")[0].removeprefix("method="), run.overrides["seed"]
+            base = -1.0 - 0.01 * seed + (0.1 if where.name == "B" else 0.0)
+            if label == "grpo_async":
+                _finish(run.run_dir, label, seed, base, acc=0.5)
+            elif label == "entr":  # differences 0.02, 0.03, 0.04 on each warm start
+                _finish(run.run_dir, label, seed, base + 0.02 + 0.01 * seed, acc=0.6)
+            elif seed == 0 and where.name == "A":  # one sync run: no interval
+                _finish(run.run_dir, label, seed, base + 0.05)
+    assert st.main(["report", str(spec), "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "test runs finished: 13 of 18 (INTERIM: not the pre-registered analysis)"
+    # d = .02, .03, .04 twice: mean .03, sd .0089443; t_{.975,5} 2.5706 x sd / sqrt 6 = .0094;
+    # detectable (2.5706 + t_{.8,5} .9195) sd / sqrt 6 = .0127
+    assert lines[5] == "| grpo_async |  | 6 | -0.9600 [-1.0182, -0.9018] |  |  |  | -0.0500 (n=1) | 0.0100 |"
+    # d = .02, .03, .04 on each warm start: mean .03, sd .0089443; t_{.975,5} 2.5706 sd /
+    # sqrt 6 = .0094; detectable (2.5706 + t_{.8,5} .9195) sd / sqrt 6 = .0127
+    assert lines[6] == ("| entr | tau=4 | 6 | -0.9300 [-0.9875, -0.8725] | +0.0300 [+0.0206, +0.0394] "
+                        "| 0.0127 | A +0.0300 / B +0.0300 | -0.0300 (n=1) | 0.0100 |")
+    assert lines[7] == "| grpo_sync |  | 1 | -0.9500 (n=1) | +0.0500 (n=1) | n/a | A +0.0500 |  | 0.0100 |"
+    assert lines[-2:] == ["| entr | +0.100 [+0.100, +0.100] |", "| grpo_sync | +0.000 (n=1) |"]
+    report = json.loads((out / "report.json").read_text())
+    assert report["arms"]["entr"]["vs_baseline"]["eval_ref_logp_after"]["n"] == 6
+    assert (out / "report.md").read_text().splitlines() == lines
+
 def test_detectable_difference_of_a_paired_t_test():
     # (t_{0.975,9} + t_{0.8,9}) / sqrt(10) = (2.2622 + 0.8834) / 3.1623
     assert sr.detectable_difference(1.0, 10) == pytest.approx(0.99472, abs=1e-4)

@@ -58,14 +58,22 @@ def mask_fraction(path: str) -> float:
 
 def study_report(study: dict[str, Any], rows: list[dict[str, Any]],
                  choice: dict[str, Any]) -> dict[str, Any]:
-    """The study's report from its test-stage rows (`experiments.study.stage_results`)."""
+    """The study's report from its test-stage rows (`experiments.study.stage_results`):
+    per arm its runs, tuned value, mean mask fraction, every pre-registered metric with its
+    95 % interval, and the paired differences to the baseline and the sync arm (`paired`);
+    ``runs_done`` of ``runs_expected`` (arms + rule arm x test seeds x warm starts): fewer
+    means an interim look, not the pre-registered analysis."""
     pre = study["preregistration"]
     keys = [pre["primary_metric"], *pre.get("secondary_metrics", [])]
     arms = sorted({r["arm"] for r in rows}, key=lambda a: (a != pre["baseline"], a))
+    n_arms = len(pre["arms"]) + bool(pre.get("rule_arm"))
     out: dict[str, Any] = {"primary_metric": pre["primary_metric"], "baseline": pre["baseline"],
+                           "secondary_metrics": keys[1:], "runs_done": len(rows),
+                           "runs_expected": n_arms * len(pre["test_seeds"]) * len(pre["warm_starts"]),
                            "arms": {}}
     sync = next((a for a in arms if study["comparison"]["methods"].get(a, {}).get(
         "overrides", {}).get("staleness.mode") == "sync"), None)
+    out["sync"] = sync
     for arm in arms:
         mine = [r for r in rows if r["arm"] == arm]
         entry: dict[str, Any] = {"runs": len(mine),
@@ -84,23 +92,56 @@ def study_report(study: dict[str, Any], rows: list[dict[str, Any]],
     return out
 
 
+def _num(v: float | None, fmt: str = "+.4f") -> str:
+    return "n/a" if v is None or not math.isfinite(v) else format(v, fmt)
+
+
+def _ci(p: dict[str, Any] | None, fmt: str = "+.4f") -> str:
+    """``mean [lo, hi]`` of a `paired` result ("" without one, the mean alone for n < 2)."""
+    if not p:
+        return ""
+    if not p["ci95"]:
+        return f"{_num(p['mean'], fmt)} (n={p['n']})"
+    return f"{_num(p['mean'], fmt)} [{_num(p['ci95'][0], fmt)}, {_num(p['ci95'][1], fmt)}]"
+
+
+def _tuned(t: dict[str, Any] | None) -> str:
+    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                     for k, v in (t or {}).items())
+
+
 def format_report(report: dict[str, Any]) -> str:
-    """A Markdown table of the primary metric per arm, with the paired differences."""
-    key, base = report["primary_metric"], report["baseline"]
-    f = lambda v: "n/a" if v is None or not math.isfinite(v) else f"{v:+.4f}"  # noqa: E731
-    lines = [f"primary metric: {key}; paired differences over (warm start, seed); "
-             "95% t intervals; detectable: 80% power at 5%",
-             f"| arm | tuned | runs | {key} | - {base} [95% CI] | detectable | - sync [95% CI] | mask |",
-             "|---|---|---|---|---|---|---|---|"]
+    """Markdown: the primary metric per arm with the paired differences to the baseline
+    (95 % interval, the detectable difference, its mean per warm start) and to the sync
+    arm, the tuned value and the mean mask fraction; then the paired differences of the
+    secondary metrics. An interim look (fewer runs than expected) says so first."""
+    key, base, sync = report["primary_metric"], report["baseline"], report.get("sync")
+    done, expected = report["runs_done"], report["runs_expected"]
+    lines = [f"test runs finished: {done} of {expected}"
+             + (" (INTERIM: not the pre-registered analysis)" if done < expected else ""),
+             f"primary metric: {key}; paired differences over (warm start, seed) pairs; 95% t "
+             "intervals; detectable: the true difference a two-sided paired t test at 5% "
+             "finds with 80% power", "",
+             f"| arm | tuned | runs | {key} [95% CI] | - {base} [95% CI] | detectable | "
+             f"by warm start | - {sync or 'sync'} [95% CI] | mask fraction |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for arm, e in report["arms"].items():
-        m = e[key]
-        vb = e.get("vs_baseline", {}).get(key)
+        m, vb = e[key], e.get("vs_baseline", {}).get(key)
         vs = e.get("vs_sync", {}).get(key)
-        ci = lambda p: (f"{f(p['mean'])} [{f(p['ci95'][0])}, {f(p['ci95'][1])}]"  # noqa: E731
-                        if p and p["ci95"] else "")
-        lines.append(f"| {arm} | {e['tuned'] or ''} | {e['runs']} | {m['mean']:.4f} +- "
-                     f"{m['ci95_half']:.4f} | {ci(vb)} | {f(vb['detectable_80']) if vb else ''} | "
-                     f"{ci(vs)} | {e['mask_fraction']:.4f} |")
+        by_ws = " / ".join(f"{ws} {_num(v)}" for ws, v in vb["by_ws"].items()) if vb else ""
+        own = (f"{m['mean']:.4f} [{m['mean'] - m['ci95_half']:.4f}, "
+               f"{m['mean'] + m['ci95_half']:.4f}]" if m["n"] > 1 else f"{m['mean']:.4f} (n={m['n']})")
+        lines.append(f"| {arm} | {_tuned(e['tuned'])} | {e['runs']} | {own} | "
+                     f"{_ci(vb)} | {_num(vb['detectable_80'], '.4f') if vb else ''} | "
+                     f"{by_ws} | {_ci(vs)} | {e['mask_fraction']:.4f} |")
+    secondary = report.get("secondary_metrics", [])
+    if secondary:
+        lines += ["", f"Secondary metrics: paired difference to {base} [95% CI]", "",
+                  "| arm | " + " | ".join(secondary) + " |", "|---" * (1 + len(secondary)) + "|"]
+        for arm, e in report["arms"].items():
+            if "vs_baseline" in e:
+                lines.append(f"| {arm} | " + " | ".join(
+                    _ci(e["vs_baseline"][k], "+.3f") for k in secondary) + " |")
     return "\n".join(lines)
 
 
