@@ -286,6 +286,20 @@ def rule_tau(study: dict[str, Any], out: str | pathlib.Path) -> dict[str, Any]:
     return {"tau": float(tau), "stale_cut_budget": 0.02, "runs": paths, "tokens": len(tokens)}
 
 
+def format_stage_walls(study: dict[str, Any], out: str | pathlib.Path) -> str:
+    """The runs and wall time of each stage so far (`study_report.stage_times`), Markdown;
+    the test stage once ``OUT/choice.json`` exists."""
+    from experiments.analysis.study_report import format_stage_times, stage_times
+
+    path = pathlib.Path(out) / "choice.json"
+    choice = json.loads(path.read_text()) if path.exists() else None
+    lines = ["| stage | warm start | runs | run wall s (sum) | first start | last end (UTC) |",
+             "|---|---|---|---|---|---|"]
+    for stage in ("tune", "test") if choice else ("tune",):
+        lines.append(format_stage_times(stage, stage_times(stage_results(study, stage, out, choice))))
+    return "\n".join(line for line in lines if line)
+
+
 ARCHIVED = ("config.json", "meta.json", "summary.json", "metrics.jsonl", "timing.jsonl",
             "eval", "reused_from.json")
 
@@ -365,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
 
             print(format_tune_status(study["preregistration"]["primary_metric"],
                                      tune_status(study, args.out)))
+            print(format_stage_walls(study, args.out))
             return 0
         if args.stage == "choose":
             print(json.dumps(choose(study, args.out), indent=1))

@@ -162,6 +162,27 @@ def test_the_report_stage_pairs_the_test_runs_and_says_an_interim_look(study, tm
     assert report["arms"]["entr"]["vs_baseline"]["eval_ref_logp_after"]["n"] == 6
     assert (out / "report.md").read_text().splitlines() == lines
 
+
+def test_stage_times_sum_the_run_walls_and_span_the_calendar(tmp_path):
+    rows = []
+    for i, (ws, start, wall) in enumerate([("A", "2026-12-05T01:00:00+0000", 600.0),
+                                           ("A", "2026-12-05T03:00:00+0100", 900.5),
+                                           ("B", None, 100.0)]):
+        path = tmp_path / str(i)
+        path.mkdir()
+        (path / "summary.json").write_text(json.dumps({"wall_clock_s": wall}))
+        if start:
+            (path / "meta.json").write_text(json.dumps({"started_at": start}))
+        rows.append({"ws": ws, "path": str(path)})
+    times = sr.stage_times(rows)
+    # 03:00+01:00 is 02:00 UTC; it ends 15 min later
+    assert times == {"A": {"runs": 2, "wall_s": 1500.5, "first_start": "2026-12-05T01:00",
+                           "last_end": "2026-12-05T02:15"},
+                     "B": {"runs": 1, "wall_s": 100.0, "first_start": None, "last_end": None}}
+    assert sr.format_stage_times("tune", times).splitlines() == [
+        "| tune | A | 2 | 1,500 | 2026-12-05T01:00 | 2026-12-05T02:15 |",
+        "| tune | B | 1 | 100 | - | - |"]
+
 def test_detectable_difference_of_a_paired_t_test():
     # (t_{0.975,9} + t_{0.8,9}) / sqrt(10) = (2.2622 + 0.8834) / 3.1623
     assert sr.detectable_difference(1.0, 10) == pytest.approx(0.99472, abs=1e-4)

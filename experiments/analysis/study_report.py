@@ -156,3 +156,41 @@ def format_tune_status(key: str, rows: list[dict[str, Any]]) -> str:
         mean = f"{r['mean']:.5f}" if math.isfinite(r["mean"]) else ""
         lines.append(f"| {r['label']} | {own} | {r['done']}/{r['expected']} | {mean} | {vals} |")
     return "\n".join(lines)
+
+
+def stage_times(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per warm start of a stage's rows (`experiments.study.stage_results`): ``runs``
+    finished, ``wall_s`` (the sum of their ``summary.json`` ``wall_clock_s``: what the
+    stage costs one worker), ``first_start`` (the earliest ``meta.json`` ``started_at``)
+    and ``last_end`` (the latest start + wall; a resumed run's start is its last session's,
+    so a span with resumed runs is approximate), both ISO 8601 UTC."""
+    import datetime
+    import json
+    import pathlib
+
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        path = pathlib.Path(r["path"])
+        wall = float(json.loads((path / "summary.json").read_text()).get("wall_clock_s") or 0.0)
+        meta = path / "meta.json"
+        start = (datetime.datetime.fromisoformat(json.loads(meta.read_text())["started_at"])
+                 if meta.exists() else None)
+        t = out.setdefault(r["ws"], {"runs": 0, "wall_s": 0.0, "first_start": None,
+                                     "last_end": None})
+        t["runs"] += 1
+        t["wall_s"] += wall
+        if start is not None:
+            end = start + datetime.timedelta(seconds=wall)
+            t["first_start"] = min(filter(None, (t["first_start"], start)))
+            t["last_end"] = max(filter(None, (t["last_end"], end)))
+    iso = lambda d: d.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M") if d else None  # noqa: E731
+    return {ws: {**t, "first_start": iso(t["first_start"]), "last_end": iso(t["last_end"])}
+            for ws, t in sorted(out.items())}
+
+
+def format_stage_times(stage: str, times: dict[str, dict[str, Any]]) -> str:
+    """Markdown rows (no header) of `stage_times`: stage, warm start, runs, summed run wall
+    seconds, first start and last end (UTC)."""
+    return "\n".join(f"| {stage} | {ws} | {t['runs']} | {t['wall_s']:,.0f} | "
+                     f"{t['first_start'] or '-'} | {t['last_end'] or '-'} |"
+                     for ws, t in times.items())
