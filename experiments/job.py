@@ -343,6 +343,8 @@ class Job:
         if fresh:
             book = {"start_step": 0, "elapsed_s": 0.0, "evals": {}}
             self._before_rl(book)
+            # a warm start continued from its checkpoint brings the time before it
+            book["elapsed_s"] = self.clock.restored_total_s
         reference.attach(self.learner, self.run.path, fresh=fresh, write=self.run.writer)
         self._elapsed_base = book["elapsed_s"]
         self._rl_base, self._rl_start = book.get("rl_wall_s", 0.0), time.perf_counter()

@@ -59,6 +59,7 @@ class PhaseClock:
         self._lock = threading.Lock()
         self._compile_spans: list[tuple[float, float]] = []
         self._phase_spans: dict[str, list[tuple[float, float]]] = {p: [] for p in PHASES}
+        self._open: dict[str, tuple[float, float]] = {}  # phase -> (wall, CPU) at its start
         self._cpu = collections.defaultdict(float)
         self.sub = collections.defaultdict(float)  # sub-phase wall seconds (`add`)
         self.counts = collections.Counter()  # anything counted during the run (`count`)
@@ -103,11 +104,13 @@ class PhaseClock:
         if name not in PHASES:
             raise ValueError(f"PhaseClock.phase: unknown phase {name!r}; phases: {PHASES}")
         t, c = time.time(), time.process_time()
+        self._open[name] = (t, c)
         try:
             yield
         finally:
             self._phase_spans[name].append((t, time.time()))
             self._cpu[name] += time.process_time() - c
+            del self._open[name]
 
     def add(self, name: str, seconds: float) -> None:
         """Accumulate ``seconds`` of wall time under sub-phase ``name`` (e.g. ``rl/sample_s``)."""
@@ -139,18 +142,24 @@ class PhaseClock:
         with self._lock:
             spans = list(self._compile_spans)
             compiled = collections.Counter(self.compiled)
+        # a phase still open (a checkpoint's figures are taken inside the RL phase) counts
+        # up to now, so a resumed run continues it instead of moving it to other_s
+        open_ = dict(self._open)
+        cpu_now = time.process_time()
         wall: dict[str, float] = {}
         for p in PHASES:
-            own = sum(e - s for s, e in self._phase_spans[p])
-            inside = sum(_union_length(spans, s, e) for s, e in self._phase_spans[p])
+            phase_spans = self._phase_spans[p] + ([(open_[p][0], now)] if p in open_ else [])
+            own = sum(e - s for s, e in phase_spans)
+            inside = sum(_union_length(spans, s, e) for s, e in phase_spans)
             wall[f"{p}_s"] = bw.get(f"{p}_s", 0.0) + own - inside
         wall["compile_s"] = bw.get("compile_s", 0.0) + _union_length(spans, self._t0, now)
         if total_s is None:
             total_s = bw.get("total_s", 0.0) + now - self._t0
         wall["other_s"] = total_s - sum(wall[k] for k in ("sft_s", "eval_s", "rl_s", "compile_s"))
         wall["total_s"] = float(total_s)
-        cpu = {f"{p}_s": bc.get(f"{p}_s", 0.0) + self._cpu[p] for p in PHASES}
-        cpu["total_s"] = bc.get("total_s", 0.0) + time.process_time() - self._cpu0
+        cpu = {f"{p}_s": bc.get(f"{p}_s", 0.0) + self._cpu[p]
+               + (cpu_now - open_[p][1] if p in open_ else 0.0) for p in PHASES}
+        cpu["total_s"] = bc.get("total_s", 0.0) + cpu_now - self._cpu0
         compiled.update(base.get("compiles_by_function", {}))
         sub = collections.Counter(base.get("sub", {}))
         sub.update(self.sub)
@@ -167,6 +176,11 @@ class PhaseClock:
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         """Continue from the figures of an earlier session (`state_dict`; None: nothing)."""
         self._base = dict(state or {})
+
+    @property
+    def restored_total_s(self) -> float:
+        """Wall seconds of the earlier sessions this clock continues (0 when none)."""
+        return float(self._base.get("wall", {}).get("total_s", 0.0))
 
 
 def format_split(wall: dict[str, float], compilations: int, cpu_s: float) -> str:

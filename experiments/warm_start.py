@@ -74,7 +74,8 @@ def warm_start(cfg: RunConfig, task: TaskBundle, tokenizer: Any, module_fn: Call
                 verify=lambda step, restored: _verify(run, restored))
         learner = Learner(module_fn, learner_config(opt, tokenizer.pad_token_id, longest),
                           params=params, checkpoint=checkpoint)
-        start = _restore(run, learner, sft.steps) if resume and checkpoint is not None else 0
+        start = (_restore(run, learner, sft.steps, clock) if resume and checkpoint is not None
+                 else 0)
         if start == 0 and run.writer:
             (run / "sft.jsonl").unlink(missing_ok=True)
         rng = np.random.default_rng([cfg.seed, 3])
@@ -98,7 +99,7 @@ def warm_start(cfg: RunConfig, task: TaskBundle, tokenizer: Any, module_fn: Call
                 bar.set_postfix(loss=f"{m['loss']:.3f}")
             if checkpoint is not None and ((step + 1) % every == 0 or step + 1 == sft.steps):
                 record(step, learner.flush())  # the saved steps' losses are on file first
-                _save(run, learner, step + 1)
+                _save(run, learner, step + 1, clock)
         if start < sft.steps and (m := learner.flush()) is not None:
             record(sft.steps - 1, m)
         sft_tb.close()
@@ -107,9 +108,10 @@ def warm_start(cfg: RunConfig, task: TaskBundle, tokenizer: Any, module_fn: Call
         return params
 
 
-def _save(run: RunDir, learner: Learner, done: int) -> None:
-    """Checkpoint the warm start after ``done`` steps (waits for the write)."""
-    if not learner.save(data_state={"sft_step": done}, force=True):
+def _save(run: RunDir, learner: Learner, done: int, clock: PhaseClock) -> None:
+    """Checkpoint the warm start after ``done`` steps, with the run's time figures so far
+    (a resume continues them); waits for the write."""
+    if not learner.save(data_state={"sft_step": done, "phases": clock.state_dict()}, force=True):
         raise RunError(f"warm-start checkpoint after SFT step {done} was not saved: a "
                        f"checkpoint of its step exists in {run.sft_checkpoint_dir}")
     learner.checkpoint.wait()
@@ -123,9 +125,10 @@ def _verify(run: RunDir, restored: dict[str, Any]) -> list[dict[str, Any]]:
                                "SFT steps", RunError)
 
 
-def _restore(run: RunDir, learner: Learner, steps: int) -> int:
-    """Restore the newest good warm-start checkpoint into ``learner``; the number of steps
-    it has done, and ``sft.jsonl`` keeps exactly those steps. 0 (said on stderr) when
+def _restore(run: RunDir, learner: Learner, steps: int, clock: PhaseClock) -> int:
+    """Restore the newest good warm-start checkpoint into ``learner`` and its time figures
+    into ``clock``; the number of steps it has done, and ``sft.jsonl`` keeps exactly those
+    steps. 0 (said on stderr) when
     there is none, or when none can be restored: those are moved to
     ``sft_checkpoints_unrestorable/`` with a one-line warning, and the warm start, a
     function of the configuration, is redone from step 0."""
@@ -144,6 +147,7 @@ def _restore(run: RunDir, learner: Learner, steps: int) -> int:
                  "at step 0")
         return 0
     done = int(items["data_state"]["sft_step"])
+    clock.load_state_dict(items["data_state"].get("phases"))
     if run.writer:
         jsonl.rewrite_lines(run / "sft.jsonl", map(json.dumps, items["verified"]))
     say(run, (f"reusing the finished warm start ({done} SFT steps) from {items['path']}"

@@ -94,6 +94,30 @@ def test_resumed_clock_continues_the_saved_figures():
     assert w["sft_s"] + w["eval_s"] + w["rl_s"] + w["compile_s"] + w["other_s"] == pytest.approx(25.0)
 
 
+
+def test_figures_taken_inside_a_phase_count_it_so_far_and_a_resume_continues_them():
+    """A checkpoint saves the clock inside the RL (or SFT) phase: that phase's time so far
+    is in its figure, not in other_s, and the resumed clock adds to it."""
+    first = PhaseClock()
+    first.start()
+    try:
+        with first.phase("rl"):
+            time.sleep(0.2)
+            saved = first.state_dict()
+        after = first.split()
+    finally:
+        first.stop()
+    span = first._phase_spans["rl"][0]
+    assert 0.2 <= saved["wall"]["rl_s"] <= span[1] - span[0]
+    assert saved["wall"]["other_s"] < 0.1 and after["wall"]["rl_s"] >= saved["wall"]["rl_s"]
+    second = PhaseClock()
+    second.load_state_dict(saved)
+    second.start()
+    with second.phase("rl"):
+        time.sleep(0.05)
+    second.stop()
+    assert second.split()["wall"]["rl_s"] >= saved["wall"]["rl_s"] + 0.05
+
 def test_unknown_phase_is_refused():
     with pytest.raises(ValueError, match="unknown phase 'train'"):
         with PhaseClock().phase("train"):

@@ -62,6 +62,12 @@ def outputs(run_dir):
     return out
 
 
+def _saved_total_s(folder):
+    """The run's wall seconds saved with its newest warm-start checkpoint."""
+    newest = max((p for p in folder.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    return json.loads((newest / "data_state" / "metadata").read_text())["phases"]["wall"]["total_s"]
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(small_model_dir, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("whole") / "run"
@@ -95,6 +101,7 @@ def test_a_kill_during_sft_resumes_bit_for_bit_reusing_the_initial_evaluation(
     assert "already holds a run: pass --resume" in capsys.readouterr().err
 
     monkeypatch.undo()
+    first_total_s = _saved_total_s(run_dir / "sft_checkpoints")
     evaluated = count_evaluations(monkeypatch)
     assert cli.main([*argv, "--resume"]) == 0
     err = capsys.readouterr().err
@@ -103,6 +110,10 @@ def test_a_kill_during_sft_resumes_bit_for_bit_reusing_the_initial_evaluation(
     assert "entr-run: continuing the warm start at SFT step 4 from " in err
     assert evaluated == ["before_rl", "after_rl"]  # the initial evaluation was not redone
     assert outputs(run_dir) == uninterrupted
+    # the time figures continue the first session's up to its checkpoint (4 SFT steps)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["time/counts"]["sft_steps"] == 6
+    assert summary["wall_clock_s"] == summary["time/phases"]["total_s"] > first_total_s
     assert not (run_dir / "sft_checkpoints").exists()  # RL's checkpoint supersedes them
 
 
