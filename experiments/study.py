@@ -65,15 +65,22 @@ import tomllib
 from typing import Any
 
 from experiments import comparison, sweep
+from experiments.study_archive import archive
 
 REQUIRED = ("primary_metric", "baseline", "arms", "tuning_seeds", "test_seeds", "warm_starts")
 
 
 def load_study(path: str | pathlib.Path) -> dict[str, Any]:
     """Read and check a study spec; ValueError naming the offending key."""
-    with open(path, "rb") as f:
-        spec = tomllib.load(f)
     where = f"study spec {path}"
+    try:
+        with open(path, "rb") as f:
+            spec = tomllib.load(f)
+    except OSError as err:
+        raise ValueError(f"{where}: cannot be read ({err.strerror}): pass a study's .toml file, "
+                         "e.g. experiments/studies/stress_fp8.toml") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"{where} is not TOML ({err}): pass a study's .toml file") from None
     unknown = set(spec) - {"preset", "preregistration", "tuning", "comparison", "fixed"}
     if unknown:
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
@@ -238,26 +245,32 @@ def choose(study: dict[str, Any], out: str | pathlib.Path) -> dict[str, Any]:
     """The tuning stage's choice (see the module docstring); written to ``OUT/choice.json``.
 
     Raises:
-      ValueError: a candidate has fewer finished runs than tuning seeds x warm starts.
+      ValueError: a tuning run (a candidate's or a tuning arm's, on a tuning seed x warm
+        start) is unfinished; the message lists every one.
     """
     pre = study["preregistration"]
     key = pre["primary_metric"]
-    rows = stage_results(study, "tune", out)
-    expected = len(pre["tuning_seeds"]) * len(pre["warm_starts"])
+    rows = {r["label"]: r for r in tune_status(study, out)}
+    runs = [f"{ws['name']}/{s}" for ws in pre["warm_starts"] for s in pre["tuning_seeds"]]
+    lacking = {label: [k for k in runs if k not in r["values"]] for label, r in rows.items()}
+    lacking = {label: ks for label, ks in lacking.items() if ks}
+    if len(lacking) == len(rows) and all(len(ks) == len(runs) for ks in lacking.values()):
+        raise ValueError(f"choose: no finished tuning runs under {pathlib.Path(out) / 'tune'}: "
+                         "run the tune stage first (or pass the --out it wrote)")
+    if lacking:
+        raise ValueError(
+            f"choose: {sum(map(len, lacking.values()))} of {len(rows) * len(runs)} tuning runs "
+            "are unfinished (method: warm start/seed): "
+            + "; ".join(f"{label}: {', '.join(ks)}" for label, ks in lacking.items())
+            + "; finish them with the tune stage on the same --out (finished runs are skipped)")
     chosen, candidates = {}, {}
     for name, t in study["tuning"].items():
-        means = []
-        for i, own in enumerate(t["own"]):
-            vals = [r[key] for r in rows if r["arm"] == f"{name}@{i}"]
-            if len(vals) < expected:
-                raise ValueError(f"choose: {name}@{i} ({own}) has {len(vals)} of {expected} "
-                                 "finished tuning runs: run the tune stage to the end first")
-            means.append(sum(vals) / len(vals))
+        means = [rows[f"{name}@{i}"]["mean"] for i in range(len(t["own"]))]
         best = max(range(len(means)), key=lambda i: (means[i], -i))
         chosen[name] = {"own": t["own"][best], "index": best, "mean": means[best]}
         candidates[name] = [{"own": own, "mean": m} for own, m in zip(t["own"], means)]
     result = {"primary_metric": key, "chosen": chosen, "candidates": candidates,
-              "tuning_runs_per_candidate": expected}
+              "tuning_runs_per_candidate": len(runs)}
     if pre.get("rule_arm"):
         result["rule"] = rule_tau(study, out)
     path = pathlib.Path(out) / "choice.json"
@@ -300,38 +313,29 @@ def format_stage_walls(study: dict[str, Any], out: str | pathlib.Path) -> str:
     return "\n".join(line for line in lines if line)
 
 
-ARCHIVED = ("config.json", "meta.json", "summary.json", "metrics.jsonl", "timing.jsonl",
-            "eval", "reused_from.json")
+STAGE_OPTIONS = {"workers": ("tune", "test"), "only": ("tune", "test"), "set": ("tune", "test"),
+                 "warm_start": ("tune", "test"), "to": ("archive",)}
 
 
-def archive(study: dict[str, Any], out: str | pathlib.Path, to: str | pathlib.Path) -> int:
-    """Copy the small files of every finished run of ``out`` (`ARCHIVED`; and the token
-    samples of the baseline's runs, which the decomposition and the rule read) to ``to``
-    in the same layout, with ``choice.json``: a folder to commit as the study goes, and
-    to pass as ``--out`` to continue it elsewhere (finished runs are skipped there).
-    Returns the number of runs copied."""
-    import shutil
-
-    out, to = pathlib.Path(out), pathlib.Path(to)
-    base = study["preregistration"]["baseline"]
-    n = 0
-    for summary in sorted(out.glob("*/*/*/summary.json")):
-        run = summary.parent
-        dest = to / run.relative_to(out)
-        names = ARCHIVED + (("token_samples",) if run.name.startswith(f"method={base}_") else ())
-        for name in names:
-            src = run / name
-            if src.is_dir():
-                shutil.copytree(src, dest / name, dirs_exist_ok=True)
-            elif src.exists():
-                dest.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(src, dest / name)
-        n += 1
-    for extra in sorted(out.glob("*/*/sweep_spec.json")) + [out / "choice.json"]:
-        if extra.exists():
-            (to / extra.relative_to(out)).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(extra, to / extra.relative_to(out))
-    return n
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse, naming the fix, an option the stage would ignore, ``--workers`` below 1, and
+    an ``--out`` that is a file or (for the stages that read runs) holds no ``tune/``."""
+    for name, stages in STAGE_OPTIONS.items():
+        if getattr(args, name) not in (None, []) and args.stage not in stages:
+            raise ValueError(f"--{name.replace('_', '-')} applies to the {'/'.join(stages)} "
+                             f"stage{'s' * (len(stages) > 1)}, not {args.stage}: drop it")
+    if args.workers is not None and args.workers < 1:
+        raise ValueError(f"--workers {args.workers}: give at least 1")
+    if args.stage == "plan":
+        return
+    if not args.out:
+        raise ValueError(f"{args.stage} needs --out DIR")
+    out = pathlib.Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file: pass the study's folder, e.g. results/stress_fp8")
+    if args.stage in ("status", "choose", "archive") and not (out / "tune").is_dir():
+        raise ValueError(f"--out {out} holds no tune/ folder: pass the folder the tune stage "
+                         "wrote, e.g. results/stress_fp8")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -341,10 +345,10 @@ def main(argv: list[str] | None = None) -> int:
                                           "archive"))
     parser.add_argument("spec")
     parser.add_argument("--out", default=None)
-    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=None, help="tune/test (default 1)")
     parser.add_argument("--only", metavar="REGEX", default=None,
                         help="only the runs whose name matches REGEX (tune/test)")
-    parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
+    parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=None,
                         help="replace or add a [fixed] entry (tune/test; a smaller copy)")
     parser.add_argument("--to", metavar="DIR", default=None,
                         help="archive: the folder the finished runs' small files go to")
@@ -352,9 +356,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="only this warm start's runs (tune/test; e.g. one per machine)")
     args = parser.parse_args(argv)
     try:
+        check_args(args)
         study = load_study(args.spec)
-        if args.stage != "plan" and not args.out:
-            raise ValueError(f"{args.stage} needs --out DIR")
         choice = None
         if args.stage in ("test", "report"):
             path = pathlib.Path(args.out) / "choice.json"
@@ -394,8 +397,8 @@ def main(argv: list[str] | None = None) -> int:
             (pathlib.Path(args.out) / "report.md").write_text(text + "\n")
             print(text)
             return 0
-        records = run_stage(study, args.stage, args.out, args.workers, choice, args.only,
-                            sweep.parse_set(args.set), args.warm_start)
+        records = run_stage(study, args.stage, args.out, args.workers or 1, choice, args.only,
+                            sweep.parse_set(args.set or []), args.warm_start)
     except (ValueError, TypeError, FileNotFoundError) as err:
         print(f"study: error: {err}", file=sys.stderr)
         return 2

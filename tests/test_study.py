@@ -75,7 +75,7 @@ def _finish(path, name, seed, metric, acc=0.5):
 
 
 def test_choose_takes_the_best_mean_on_tuning_runs_and_refuses_an_unfinished_stage(study, tmp_path):
-    with pytest.raises(ValueError, match=r"entr@0 .* has 0 of 4 finished tuning runs"):
+    with pytest.raises(ValueError, match=r"no finished tuning runs under .*tune: run the tune stage"):
         st.choose(dict(study, preregistration={**study["preregistration"], "rule_arm": None}),
                   tmp_path)
     values = {"entr@0": [-1.0, -1.2, -1.1, -0.9], "entr@1": [-0.8, -1.0, -0.9, -1.1]}
@@ -92,6 +92,53 @@ def test_choose_takes_the_best_mean_on_tuning_runs_and_refuses_an_unfinished_sta
     runs = st.sweep.expand(*test[1])
     entr = next(r for r in runs if r.name == "method=entr_seed=2")
     assert entr.overrides["objective.entr.tau"] == 4.0 and entr.overrides["model.path"] == "ws/b"
+
+
+def test_choose_lists_every_unfinished_tuning_run_the_baselines_too(study, tmp_path):
+    """The rule's tau comes from the baseline's tuning runs: one of them missing is refused
+    as an unfinished candidate is, and the message names each missing run."""
+    for spec, where in st.stage_sweeps(study, "tune", tmp_path):
+        for run in st.sweep.expand(spec, where):
+            label = run.name.split("_seed=")[0].removeprefix("method=")
+            if (label, where.name, run.overrides["seed"]) not in {("grpo_async", "B", 101),
+                                                                  ("entr@1", "A", 100)}:
+                _finish(run.run_dir, label, run.overrides["seed"], -1.0)
+    no_rule = dict(study, preregistration={**study["preregistration"], "rule_arm": None})
+    with pytest.raises(ValueError) as err:
+        st.choose(no_rule, tmp_path)
+    assert str(err.value) == (
+        "choose: 2 of 12 tuning runs are unfinished (method: warm start/seed): entr@1: A/100; "
+        "grpo_async: B/101; finish them with the tune stage on the same --out (finished runs "
+        "are skipped)")
+    assert not (tmp_path / "choice.json").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["plan", "{dir}"], "study spec {dir}: cannot be read (Is a directory): pass a study's .toml file"),
+    (["plan", "{bad}"], "study spec {bad} is not TOML (Expected '=' after a key"),
+    (["status", "{spec}", "--out", "{spec}"], "--out {spec} is a file: pass the study's folder"),
+    (["status", "{spec}", "--out", "{dir}/nope"], "--out {dir}/nope holds no tune/ folder"),
+    (["choose", "{spec}", "--out", "{dir}"], "--out {dir} holds no tune/ folder"),
+    (["status", "{spec}", "--out", "{dir}", "--warm-start", "C"],
+     "--warm-start applies to the tune/test stages, not status: drop it"),
+    (["status", "{spec}", "--out", "{dir}", "--only", "entr"], "--only applies to the tune/test"),
+    (["plan", "{spec}", "--to", "x"], "--to applies to the archive stage, not plan: drop it"),
+    (["tune", "{spec}", "--out", "{dir}", "--workers", "0"], "--workers 0: give at least 1"),
+    (["tune", "{spec}", "--out", "{dir}", "--warm-start", "C"],
+     "--warm-start 'C': the study's warm starts are ['A', 'B']"),
+    (["tune", "{spec}", "--out", "{dir}", "--only", "("], "--only '(' is not a regular expression"),
+    (["report", "{spec}", "--out", "{dir}"], "{dir}/choice.json is missing: run the choose stage"),
+])
+def test_bad_command_line_input_is_one_line_naming_the_fix(tmp_path, capsys, monkeypatch, args,
+                                                           message):
+    monkeypatch.setattr(st.sweep, "run_runs", lambda *a: pytest.fail("a run was started"))
+    spec, bad = tmp_path / "study.toml", tmp_path / "bad.toml"
+    spec.write_text(SPEC.format(a="a" * 64, b="b" * 64))
+    bad.write_text("# not a study\nfoo bar\n")
+    fill = {"dir": str(tmp_path), "spec": str(spec), "bad": str(bad)}
+    assert st.main([a.format(**fill) for a in args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("study: error: " + message.format(**fill)) and err.count("\n") == 1
 
 
 def test_status_shows_the_tuning_runs_so_far(study, tmp_path):
