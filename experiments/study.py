@@ -193,6 +193,21 @@ def run_stage(study: dict[str, Any], stage: str, out: str | pathlib.Path, worker
     return sweep.run_runs(study["preset"], sweep.select(ordered, only), workers)
 
 
+def plan(study: dict[str, Any]) -> dict[str, Any]:
+    """What each stage runs: the registration, the tuning grids, the tune stage's method
+    labels, each test arm and where its values come from, and the run counts."""
+    pre = study["preregistration"]
+    blocks = len(pre["warm_starts"])
+    arms = {a: "tuned: the choose stage's candidate" if a in study["tuning"]
+            else "untuned: its [comparison.methods] values" for a in pre["arms"]}
+    if pre.get("rule_arm"):
+        arms[f"{pre['rule_arm']}_rule"] = "tau from the baseline's tuning runs (choose)"
+    return {"preregistration": pre, "tuning": study["tuning"],
+            "tune_methods": list(tuning_methods(study)), "test_arms": arms,
+            "tune_runs": len(tuning_methods(study)) * len(pre["tuning_seeds"]) * blocks,
+            "test_runs": len(arms) * len(pre["test_seeds"]) * blocks}
+
+
 def _metric(summary: dict[str, Any], key: str) -> float:
     value = summary.get(key)
     return float(value) if value is not None else float("nan")
@@ -365,12 +380,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"{path} is missing: run the choose stage first")
             choice = json.loads(path.read_text())
         if args.stage == "plan":
-            pre = study["preregistration"]
-            n_tune = len(tuning_methods(study)) * len(pre["tuning_seeds"]) * len(pre["warm_starts"])
-            n_arms = len(pre["arms"]) + bool(pre.get("rule_arm"))
-            n_test = n_arms * len(pre["test_seeds"]) * len(pre["warm_starts"])
-            print(json.dumps({"preregistration": pre, "tuning": study["tuning"],
-                              "tune_runs": n_tune, "test_runs": n_test}, indent=1))
+            print(json.dumps(plan(study), indent=1))
             return 0
         if args.stage == "archive":
             if not args.to:

@@ -155,7 +155,21 @@ def test_status_shows_the_tuning_runs_so_far(study, tmp_path):
     assert rows[0]["mean"] == pytest.approx(-1.1005)
     assert rows[1]["values"] == {"A/100": pytest.approx(-0.6)}
     table = sr.format_tune_status("eval_ref_logp_after", rows).splitlines()
-    assert table[3] == "| entr@1 | tau=4 | 1/4 | -0.60000 | A/100: -0.60000 |"
+    assert table[:2] == ["tuning runs finished: 5 of 12", ""]
+    assert table[5] == "| entr@1 | tau=4 | 1/4 | -0.60000 | A/100: -0.60000 |"
+
+
+def test_plan_names_every_stage_label_and_where_each_test_arm_gets_its_values(study):
+    p = st.plan(study)
+    assert p["tune_methods"] == ["entr@0", "entr@1", "grpo_async"]
+    assert p["tune_runs"] == 3 * 2 * 2  # labels x tuning seeds x warm starts
+    assert p["test_arms"] == {"grpo_sync": "untuned: its [comparison.methods] values",
+                              "grpo_async": "untuned: its [comparison.methods] values",
+                              "entr": "tuned: the choose stage's candidate"}
+    assert p["test_runs"] == 3 * 3 * 2
+    ruled = st.plan(dict(study, preregistration={**study["preregistration"], "rule_arm": "entr"}))
+    assert ruled["test_arms"]["entr_rule"] == "tau from the baseline's tuning runs (choose)"
+    assert ruled["test_runs"] == 4 * 3 * 2
 
 
 def test_report_pairs_by_warm_start_and_seed():
