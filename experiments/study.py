@@ -66,6 +66,7 @@ from typing import Any
 
 from experiments import comparison, sweep
 from experiments.study_archive import archive
+from experiments.study_args import check_args, load_choice
 
 REQUIRED = ("primary_metric", "baseline", "arms", "tuning_seeds", "test_seeds", "warm_starts")
 
@@ -319,38 +320,12 @@ def format_stage_walls(study: dict[str, Any], out: str | pathlib.Path) -> str:
     the test stage once ``OUT/choice.json`` exists."""
     from experiments.analysis.study_report import format_stage_times, stage_times
 
-    path = pathlib.Path(out) / "choice.json"
-    choice = json.loads(path.read_text()) if path.exists() else None
+    choice = load_choice(study, out) if (pathlib.Path(out) / "choice.json").exists() else None
     lines = ["| stage | warm start | runs | run wall s (sum) | first start | last end (UTC) |",
              "|---|---|---|---|---|---|"]
     for stage in ("tune", "test") if choice else ("tune",):
         lines.append(format_stage_times(stage, stage_times(stage_results(study, stage, out, choice))))
     return "\n".join(line for line in lines if line)
-
-
-STAGE_OPTIONS = {"workers": ("tune", "test"), "only": ("tune", "test"), "set": ("tune", "test"),
-                 "warm_start": ("tune", "test"), "to": ("archive",)}
-
-
-def check_args(args: argparse.Namespace) -> None:
-    """Refuse, naming the fix, an option the stage would ignore, ``--workers`` below 1, and
-    an ``--out`` that is a file or (for the stages that read runs) holds no ``tune/``."""
-    for name, stages in STAGE_OPTIONS.items():
-        if getattr(args, name) not in (None, []) and args.stage not in stages:
-            raise ValueError(f"--{name.replace('_', '-')} applies to the {'/'.join(stages)} "
-                             f"stage{'s' * (len(stages) > 1)}, not {args.stage}: drop it")
-    if args.workers is not None and args.workers < 1:
-        raise ValueError(f"--workers {args.workers}: give at least 1")
-    if args.stage == "plan":
-        return
-    if not args.out:
-        raise ValueError(f"{args.stage} needs --out DIR")
-    out = pathlib.Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file: pass the study's folder, e.g. results/stress_fp8")
-    if args.stage in ("status", "choose", "archive") and not (out / "tune").is_dir():
-        raise ValueError(f"--out {out} holds no tune/ folder: pass the folder the tune stage "
-                         "wrote, e.g. results/stress_fp8")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -373,12 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_args(args)
         study = load_study(args.spec)
-        choice = None
-        if args.stage in ("test", "report"):
-            path = pathlib.Path(args.out) / "choice.json"
-            if not path.exists():
-                raise ValueError(f"{path} is missing: run the choose stage first")
-            choice = json.loads(path.read_text())
+        choice = load_choice(study, args.out) if args.stage in ("test", "report") else None
         if args.stage == "plan":
             print(json.dumps(plan(study), indent=1))
             return 0

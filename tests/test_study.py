@@ -7,6 +7,7 @@ import math
 import pytest
 
 from experiments import study as st
+from experiments import study_archive
 from experiments.analysis import study_report as sr
 
 SPEC = """
@@ -128,6 +129,10 @@ def test_choose_lists_every_unfinished_tuning_run_the_baselines_too(study, tmp_p
      "--warm-start 'C': the study's warm starts are ['A', 'B']"),
     (["tune", "{spec}", "--out", "{dir}", "--only", "("], "--only '(' is not a regular expression"),
     (["report", "{spec}", "--out", "{dir}"], "{dir}/choice.json is missing: run the choose stage"),
+    (["report", "{spec}", "--out", "{dir}/trunc"],
+     "{dir}/trunc/choice.json is not JSON (Expecting value: line 1 column 1 (char 0)): rerun"),
+    (["test", "{spec}", "--out", "{dir}/empty"], "{dir}/empty/choice.json lacks ['chosen']: "
+     "it is not the choose stage's; rerun it"),
 ])
 def test_bad_command_line_input_is_one_line_naming_the_fix(tmp_path, capsys, monkeypatch, args,
                                                            message):
@@ -135,6 +140,9 @@ def test_bad_command_line_input_is_one_line_naming_the_fix(tmp_path, capsys, mon
     spec, bad = tmp_path / "study.toml", tmp_path / "bad.toml"
     spec.write_text(SPEC.format(a="a" * 64, b="b" * 64))
     bad.write_text("# not a study\nfoo bar\n")
+    for name, text in (("trunc", ""), ("empty", "{}")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "choice.json").write_text(text)
     fill = {"dir": str(tmp_path), "spec": str(spec), "bad": str(bad)}
     assert st.main([a.format(**fill) for a in args]) == 2
     err = capsys.readouterr().err
@@ -324,7 +332,7 @@ def test_archive_keeps_the_small_files_and_the_baselines_token_samples(study, tm
             (run.run_dir / "token_samples" / "step_0.npz").write_bytes(b"z")
             (run.run_dir / "checkpoints").mkdir()
     (out / "tune" / "A" / "method=entr@0_seed=100" / "summary.json").unlink()  # unfinished
-    assert st.archive(study, out, to) == 5
+    assert study_archive.archive(study, out, to) == 5
     kept = sorted(p.relative_to(to).as_posix() for p in to.rglob("*") if p.is_file())
     assert "tune/A/method=grpo_async_seed=100/token_samples/step_0.npz" in kept
     assert not any("entr@1_seed=100/token_samples" in k or "checkpoints" in k for k in kept)
