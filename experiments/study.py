@@ -65,15 +65,23 @@ import tomllib
 from typing import Any
 
 from experiments import comparison, sweep
+from experiments.study_archive import archive
+from experiments.study_args import check_args, load_choice
 
 REQUIRED = ("primary_metric", "baseline", "arms", "tuning_seeds", "test_seeds", "warm_starts")
 
 
 def load_study(path: str | pathlib.Path) -> dict[str, Any]:
     """Read and check a study spec; ValueError naming the offending key."""
-    with open(path, "rb") as f:
-        spec = tomllib.load(f)
     where = f"study spec {path}"
+    try:
+        with open(path, "rb") as f:
+            spec = tomllib.load(f)
+    except OSError as err:
+        raise ValueError(f"{where}: cannot be read ({err.strerror}): pass a study's .toml file, "
+                         "e.g. experiments/studies/stress_fp8.toml") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"{where} is not TOML ({err}): pass a study's .toml file") from None
     unknown = set(spec) - {"preset", "preregistration", "tuning", "comparison", "fixed"}
     if unknown:
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
@@ -186,6 +194,21 @@ def run_stage(study: dict[str, Any], stage: str, out: str | pathlib.Path, worker
     return sweep.run_runs(study["preset"], sweep.select(ordered, only), workers)
 
 
+def plan(study: dict[str, Any]) -> dict[str, Any]:
+    """What each stage runs: the registration, the tuning grids, the tune stage's method
+    labels, each test arm and where its values come from, and the run counts."""
+    pre = study["preregistration"]
+    blocks = len(pre["warm_starts"])
+    arms = {a: "tuned: the choose stage's candidate" if a in study["tuning"]
+            else "untuned: its [comparison.methods] values" for a in pre["arms"]}
+    if pre.get("rule_arm"):
+        arms[f"{pre['rule_arm']}_rule"] = "tau from the baseline's tuning runs (choose)"
+    return {"preregistration": pre, "tuning": study["tuning"],
+            "tune_methods": list(tuning_methods(study)), "test_arms": arms,
+            "tune_runs": len(tuning_methods(study)) * len(pre["tuning_seeds"]) * blocks,
+            "test_runs": len(arms) * len(pre["test_seeds"]) * blocks}
+
+
 def _metric(summary: dict[str, Any], key: str) -> float:
     value = summary.get(key)
     return float(value) if value is not None else float("nan")
@@ -238,26 +261,32 @@ def choose(study: dict[str, Any], out: str | pathlib.Path) -> dict[str, Any]:
     """The tuning stage's choice (see the module docstring); written to ``OUT/choice.json``.
 
     Raises:
-      ValueError: a candidate has fewer finished runs than tuning seeds x warm starts.
+      ValueError: a tuning run (a candidate's or a tuning arm's, on a tuning seed x warm
+        start) is unfinished; the message lists every one.
     """
     pre = study["preregistration"]
     key = pre["primary_metric"]
-    rows = stage_results(study, "tune", out)
-    expected = len(pre["tuning_seeds"]) * len(pre["warm_starts"])
+    rows = {r["label"]: r for r in tune_status(study, out)}
+    runs = [f"{ws['name']}/{s}" for ws in pre["warm_starts"] for s in pre["tuning_seeds"]]
+    lacking = {label: [k for k in runs if k not in r["values"]] for label, r in rows.items()}
+    lacking = {label: ks for label, ks in lacking.items() if ks}
+    if len(lacking) == len(rows) and all(len(ks) == len(runs) for ks in lacking.values()):
+        raise ValueError(f"choose: no finished tuning runs under {pathlib.Path(out) / 'tune'}: "
+                         "run the tune stage first (or pass the --out it wrote)")
+    if lacking:
+        raise ValueError(
+            f"choose: {sum(map(len, lacking.values()))} of {len(rows) * len(runs)} tuning runs "
+            "are unfinished (method: warm start/seed): "
+            + "; ".join(f"{label}: {', '.join(ks)}" for label, ks in lacking.items())
+            + "; finish them with the tune stage on the same --out (finished runs are skipped)")
     chosen, candidates = {}, {}
     for name, t in study["tuning"].items():
-        means = []
-        for i, own in enumerate(t["own"]):
-            vals = [r[key] for r in rows if r["arm"] == f"{name}@{i}"]
-            if len(vals) < expected:
-                raise ValueError(f"choose: {name}@{i} ({own}) has {len(vals)} of {expected} "
-                                 "finished tuning runs: run the tune stage to the end first")
-            means.append(sum(vals) / len(vals))
+        means = [rows[f"{name}@{i}"]["mean"] for i in range(len(t["own"]))]
         best = max(range(len(means)), key=lambda i: (means[i], -i))
         chosen[name] = {"own": t["own"][best], "index": best, "mean": means[best]}
         candidates[name] = [{"own": own, "mean": m} for own, m in zip(t["own"], means)]
     result = {"primary_metric": key, "chosen": chosen, "candidates": candidates,
-              "tuning_runs_per_candidate": expected}
+              "tuning_runs_per_candidate": len(runs)}
     if pre.get("rule_arm"):
         result["rule"] = rule_tau(study, out)
     path = pathlib.Path(out) / "choice.json"
@@ -291,47 +320,12 @@ def format_stage_walls(study: dict[str, Any], out: str | pathlib.Path) -> str:
     the test stage once ``OUT/choice.json`` exists."""
     from experiments.analysis.study_report import format_stage_times, stage_times
 
-    path = pathlib.Path(out) / "choice.json"
-    choice = json.loads(path.read_text()) if path.exists() else None
+    choice = load_choice(study, out) if (pathlib.Path(out) / "choice.json").exists() else None
     lines = ["| stage | warm start | runs | run wall s (sum) | first start | last end (UTC) |",
              "|---|---|---|---|---|---|"]
     for stage in ("tune", "test") if choice else ("tune",):
         lines.append(format_stage_times(stage, stage_times(stage_results(study, stage, out, choice))))
     return "\n".join(line for line in lines if line)
-
-
-ARCHIVED = ("config.json", "meta.json", "summary.json", "metrics.jsonl", "timing.jsonl",
-            "eval", "reused_from.json")
-
-
-def archive(study: dict[str, Any], out: str | pathlib.Path, to: str | pathlib.Path) -> int:
-    """Copy the small files of every finished run of ``out`` (`ARCHIVED`; and the token
-    samples of the baseline's runs, which the decomposition and the rule read) to ``to``
-    in the same layout, with ``choice.json``: a folder to commit as the study goes, and
-    to pass as ``--out`` to continue it elsewhere (finished runs are skipped there).
-    Returns the number of runs copied."""
-    import shutil
-
-    out, to = pathlib.Path(out), pathlib.Path(to)
-    base = study["preregistration"]["baseline"]
-    n = 0
-    for summary in sorted(out.glob("*/*/*/summary.json")):
-        run = summary.parent
-        dest = to / run.relative_to(out)
-        names = ARCHIVED + (("token_samples",) if run.name.startswith(f"method={base}_") else ())
-        for name in names:
-            src = run / name
-            if src.is_dir():
-                shutil.copytree(src, dest / name, dirs_exist_ok=True)
-            elif src.exists():
-                dest.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(src, dest / name)
-        n += 1
-    for extra in sorted(out.glob("*/*/sweep_spec.json")) + [out / "choice.json"]:
-        if extra.exists():
-            (to / extra.relative_to(out)).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(extra, to / extra.relative_to(out))
-    return n
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -341,10 +335,10 @@ def main(argv: list[str] | None = None) -> int:
                                           "archive"))
     parser.add_argument("spec")
     parser.add_argument("--out", default=None)
-    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=None, help="tune/test (default 1)")
     parser.add_argument("--only", metavar="REGEX", default=None,
                         help="only the runs whose name matches REGEX (tune/test)")
-    parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
+    parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=None,
                         help="replace or add a [fixed] entry (tune/test; a smaller copy)")
     parser.add_argument("--to", metavar="DIR", default=None,
                         help="archive: the folder the finished runs' small files go to")
@@ -352,22 +346,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="only this warm start's runs (tune/test; e.g. one per machine)")
     args = parser.parse_args(argv)
     try:
+        check_args(args)
         study = load_study(args.spec)
-        if args.stage != "plan" and not args.out:
-            raise ValueError(f"{args.stage} needs --out DIR")
-        choice = None
-        if args.stage in ("test", "report"):
-            path = pathlib.Path(args.out) / "choice.json"
-            if not path.exists():
-                raise ValueError(f"{path} is missing: run the choose stage first")
-            choice = json.loads(path.read_text())
+        choice = load_choice(study, args.out) if args.stage in ("test", "report") else None
         if args.stage == "plan":
-            pre = study["preregistration"]
-            n_tune = len(tuning_methods(study)) * len(pre["tuning_seeds"]) * len(pre["warm_starts"])
-            n_arms = len(pre["arms"]) + bool(pre.get("rule_arm"))
-            n_test = n_arms * len(pre["test_seeds"]) * len(pre["warm_starts"])
-            print(json.dumps({"preregistration": pre, "tuning": study["tuning"],
-                              "tune_runs": n_tune, "test_runs": n_test}, indent=1))
+            print(json.dumps(plan(study), indent=1))
             return 0
         if args.stage == "archive":
             if not args.to:
@@ -394,8 +377,8 @@ def main(argv: list[str] | None = None) -> int:
             (pathlib.Path(args.out) / "report.md").write_text(text + "\n")
             print(text)
             return 0
-        records = run_stage(study, args.stage, args.out, args.workers, choice, args.only,
-                            sweep.parse_set(args.set), args.warm_start)
+        records = run_stage(study, args.stage, args.out, args.workers or 1, choice, args.only,
+                            sweep.parse_set(args.set or []), args.warm_start)
     except (ValueError, TypeError, FileNotFoundError) as err:
         print(f"study: error: {err}", file=sys.stderr)
         return 2

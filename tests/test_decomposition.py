@@ -192,6 +192,39 @@ def test_the_stored_study_slice_decomposes(tmp_path):
     assert np.all(z["delta_stale"][z["age"] == 0] == 0.0)
 
 
+def test_the_cli_prints_the_numbers_the_docs_quote_and_refuses_bad_options(tmp_path, capsys):
+    """The console names the off-mode exponent and the amplification beside k (the docs
+    quote those), with rounded intervals; --by's table has a header cell per column; a --by
+    field no run has and an --out that is a file are refused in one line."""
+    root = pathlib.Path(__file__).parent / "data" / "study_slice"
+    out = tmp_path / "out"
+    assert decompose.main([str(root), "--out", str(out), "--n-boot", "10"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    r = json.loads((out / "decomposition.json").read_text())
+    b, boot = r["premises"]["mis_vs_q"], r["bootstrap"]
+    ci = lambda c: f"[{c[0]:.3g}, {c[1]:.3g}]"  # noqa: E731
+    assert lines[1] == (f"E[delta^2] {r['delta_sq_mean']:.3g}: drift E[delta_stale^2] "
+                        f"{r['delta_stale_sq_mean']:.3g}, mismatch E[delta_mis^2] "
+                        f"{r['delta_mis_sq_mean']:.3g} (max |delta_mis| "
+                        f"{r['max_abs_delta_mis']:.3g})")
+    assert f"off-mode (q < 0.5) k = {b['exponent_off_mode']:.3g} " in lines[3]
+    assert f"k = {b['exponent']:.3g} {ci(boot['exponent_ci95'])};" in lines[3]
+    assert lines[2].endswith(f"{ci(boot['slope_ci95'])} (95% CIs: bootstrap over "
+                             f"{decompose.resampled(boot)})")
+    assert decompose.main([str(root), "--out", str(tmp_path / "by"), "--n-boot", "4",
+                           "--by", "objective.name"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert len(table) == 4 and {row.count("|") for row in table} == {table[0].count("|")}
+    assert decompose.main([str(root), "--out", str(tmp_path / "x"), "--by", "objective.nme"]) == 2
+    assert capsys.readouterr().err == ("decompose: --by objective.nme: no run's config.json has "
+                                       "this field; give dotted config fields, e.g. "
+                                       "sampler.weight_quant\n")
+    (tmp_path / "file").write_text("")
+    assert decompose.main([str(root), "--out", str(tmp_path / "file")]) == 2
+    assert capsys.readouterr().err == (f"decompose: --out {tmp_path / 'file'} is a file: give a "
+                                       "folder (made if missing)\n")
+
+
 def _synthetic(n_runs: int, steps: int, per_step: int = 40) -> decompose.Decomposed:
     """Tokens with E[delta_stale^2 | H] = a_r H, where the slope a_r differs by run."""
     rng = np.random.default_rng(0)

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from experiments import study as st
+from experiments import study_archive
 from experiments.analysis import study_report as sr
 
 SPEC = """
@@ -75,7 +76,7 @@ def _finish(path, name, seed, metric, acc=0.5):
 
 
 def test_choose_takes_the_best_mean_on_tuning_runs_and_refuses_an_unfinished_stage(study, tmp_path):
-    with pytest.raises(ValueError, match=r"entr@0 .* has 0 of 4 finished tuning runs"):
+    with pytest.raises(ValueError, match=r"no finished tuning runs under .*tune: run the tune stage"):
         st.choose(dict(study, preregistration={**study["preregistration"], "rule_arm": None}),
                   tmp_path)
     values = {"entr@0": [-1.0, -1.2, -1.1, -0.9], "entr@1": [-0.8, -1.0, -0.9, -1.1]}
@@ -94,6 +95,60 @@ def test_choose_takes_the_best_mean_on_tuning_runs_and_refuses_an_unfinished_sta
     assert entr.overrides["objective.entr.tau"] == 4.0 and entr.overrides["model.path"] == "ws/b"
 
 
+def test_choose_lists_every_unfinished_tuning_run_the_baselines_too(study, tmp_path):
+    """The rule's tau comes from the baseline's tuning runs: one of them missing is refused
+    as an unfinished candidate is, and the message names each missing run."""
+    for spec, where in st.stage_sweeps(study, "tune", tmp_path):
+        for run in st.sweep.expand(spec, where):
+            label = run.name.split("_seed=")[0].removeprefix("method=")
+            if (label, where.name, run.overrides["seed"]) not in {("grpo_async", "B", 101),
+                                                                  ("entr@1", "A", 100)}:
+                _finish(run.run_dir, label, run.overrides["seed"], -1.0)
+    no_rule = dict(study, preregistration={**study["preregistration"], "rule_arm": None})
+    with pytest.raises(ValueError) as err:
+        st.choose(no_rule, tmp_path)
+    assert str(err.value) == (
+        "choose: 2 of 12 tuning runs are unfinished (method: warm start/seed): entr@1: A/100; "
+        "grpo_async: B/101; finish them with the tune stage on the same --out (finished runs "
+        "are skipped)")
+    assert not (tmp_path / "choice.json").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["plan", "{dir}"], "study spec {dir}: cannot be read (Is a directory): pass a study's .toml file"),
+    (["plan", "{bad}"], "study spec {bad} is not TOML (Expected '=' after a key"),
+    (["status", "{spec}", "--out", "{spec}"], "--out {spec} is a file: pass the study's folder"),
+    (["status", "{spec}", "--out", "{dir}/nope"], "--out {dir}/nope holds no tune/ folder"),
+    (["choose", "{spec}", "--out", "{dir}"], "--out {dir} holds no tune/ folder"),
+    (["status", "{spec}", "--out", "{dir}", "--warm-start", "C"],
+     "--warm-start applies to the tune/test stages, not status: drop it"),
+    (["status", "{spec}", "--out", "{dir}", "--only", "entr"], "--only applies to the tune/test"),
+    (["plan", "{spec}", "--to", "x"], "--to applies to the archive stage, not plan: drop it"),
+    (["tune", "{spec}", "--out", "{dir}", "--workers", "0"], "--workers 0: give at least 1"),
+    (["tune", "{spec}", "--out", "{dir}", "--warm-start", "C"],
+     "--warm-start 'C': the study's warm starts are ['A', 'B']"),
+    (["tune", "{spec}", "--out", "{dir}", "--only", "("], "--only '(' is not a regular expression"),
+    (["report", "{spec}", "--out", "{dir}"], "{dir}/choice.json is missing: run the choose stage"),
+    (["report", "{spec}", "--out", "{dir}/trunc"],
+     "{dir}/trunc/choice.json is not JSON (Expecting value: line 1 column 1 (char 0)): rerun"),
+    (["test", "{spec}", "--out", "{dir}/empty"], "{dir}/empty/choice.json lacks ['chosen']: "
+     "it is not the choose stage's; rerun it"),
+])
+def test_bad_command_line_input_is_one_line_naming_the_fix(tmp_path, capsys, monkeypatch, args,
+                                                           message):
+    monkeypatch.setattr(st.sweep, "run_runs", lambda *a: pytest.fail("a run was started"))
+    spec, bad = tmp_path / "study.toml", tmp_path / "bad.toml"
+    spec.write_text(SPEC.format(a="a" * 64, b="b" * 64))
+    bad.write_text("# not a study\nfoo bar\n")
+    for name, text in (("trunc", ""), ("empty", "{}")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "choice.json").write_text(text)
+    fill = {"dir": str(tmp_path), "spec": str(spec), "bad": str(bad)}
+    assert st.main([a.format(**fill) for a in args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("study: error: " + message.format(**fill)) and err.count("\n") == 1
+
+
 def test_status_shows_the_tuning_runs_so_far(study, tmp_path):
     spec, where = st.stage_sweeps(study, "tune", tmp_path)[0]  # warm start A only
     for run in st.sweep.expand(spec, where):
@@ -108,7 +163,21 @@ def test_status_shows_the_tuning_runs_so_far(study, tmp_path):
     assert rows[0]["mean"] == pytest.approx(-1.1005)
     assert rows[1]["values"] == {"A/100": pytest.approx(-0.6)}
     table = sr.format_tune_status("eval_ref_logp_after", rows).splitlines()
-    assert table[3] == "| entr@1 | tau=4 | 1/4 | -0.60000 | A/100: -0.60000 |"
+    assert table[:2] == ["tuning runs finished: 5 of 12", ""]
+    assert table[5] == "| entr@1 | tau=4 | 1/4 | -0.60000 | A/100: -0.60000 |"
+
+
+def test_plan_names_every_stage_label_and_where_each_test_arm_gets_its_values(study):
+    p = st.plan(study)
+    assert p["tune_methods"] == ["entr@0", "entr@1", "grpo_async"]
+    assert p["tune_runs"] == 3 * 2 * 2  # labels x tuning seeds x warm starts
+    assert p["test_arms"] == {"grpo_sync": "untuned: its [comparison.methods] values",
+                              "grpo_async": "untuned: its [comparison.methods] values",
+                              "entr": "tuned: the choose stage's candidate"}
+    assert p["test_runs"] == 3 * 3 * 2
+    ruled = st.plan(dict(study, preregistration={**study["preregistration"], "rule_arm": "entr"}))
+    assert ruled["test_arms"]["entr_rule"] == "tau from the baseline's tuning runs (choose)"
+    assert ruled["test_runs"] == 4 * 3 * 2
 
 
 def test_report_pairs_by_warm_start_and_seed():
@@ -263,7 +332,7 @@ def test_archive_keeps_the_small_files_and_the_baselines_token_samples(study, tm
             (run.run_dir / "token_samples" / "step_0.npz").write_bytes(b"z")
             (run.run_dir / "checkpoints").mkdir()
     (out / "tune" / "A" / "method=entr@0_seed=100" / "summary.json").unlink()  # unfinished
-    assert st.archive(study, out, to) == 5
+    assert study_archive.archive(study, out, to) == 5
     kept = sorted(p.relative_to(to).as_posix() for p in to.rglob("*") if p.is_file())
     assert "tune/A/method=grpo_async_seed=100/token_samples/step_0.npz" in kept
     assert not any("entr@1_seed=100/token_samples" in k or "checkpoints" in k for k in kept)

@@ -278,10 +278,17 @@ def report(runs: Sequence[Run], n_boot: int = 200, eps: float = 0.01
 
 def group_runs(runs: Sequence[Run], keys: Sequence[str]) -> dict[str, list[Run]]:
     """Runs grouped by the values of dotted config ``keys`` (e.g.
-    ``sampler.weight_quant``); label ``key=value,...`` (last dotted part of each key)."""
+    ``sampler.weight_quant``); label ``key=value,...`` (last dotted part of each key).
+
+    Raises:
+      ValueError: a key is a field of no run's config."""
+    flats = [flatten(r.config) for r in runs]
+    unknown = [k for k in keys if not any(k in f for f in flats)]
+    if unknown:
+        raise ValueError(f"--by {' '.join(unknown)}: no run's config.json has this field; "
+                         "give dotted config fields, e.g. sampler.weight_quant")
     groups: dict[str, list[Run]] = {}
-    for r in runs:
-        flat = flatten(r.config)
+    for r, flat in zip(runs, flats):
         label = ",".join(f"{k.split('.')[-1]}={flat.get(k)}" for k in keys)
         groups.setdefault(label, []).append(r)
     return dict(sorted(groups.items()))
@@ -300,7 +307,7 @@ def mismatch_table(summaries: dict[str, dict[str, Any]]) -> str:
     off-mode tokens (``q < 0.5``) per entropy bin, and the share ENTR (tau 1) cuts."""
     heads = [f"H>={e:g}" for e in ENTROPY_EDGES[:-1]]
     lines = ["| condition | runs | tokens | E[d_mis^2] | max abs d_mis | k [95% CI] | "
-             "k off-mode [95% CI] | low-H amplification [95% CI] | "
+             "k off-mode [95% CI] | low-H amplification [95% CI] | bootstrap over | "
              + " | ".join(f"off-mode {h}" for h in heads) + " | ENTR tau=1 cuts |",
              "|" + "---|" * (10 + len(heads))]
     g = lambda v: "" if v is None or v != v else f"{v:.2g}"  # noqa: E731
@@ -330,6 +337,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="report each group of runs with equal values of these dotted config "
                          "fields apart (OUT/<group>/) and print a table of the groups")
     args = ap.parse_args(argv)
+    if pathlib.Path(args.out).exists() and not pathlib.Path(args.out).is_dir():
+        print(f"decompose: --out {args.out} is a file: give a folder (made if missing)",
+              file=sys.stderr)
+        return 2
     try:
         runs = [r for root in args.runs for r in load_runs(root)]
         if args.by:
@@ -360,10 +371,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     a, b = summary["premises"]["stale_vs_entropy"], summary["premises"]["mis_vs_q"]
     boot = summary["bootstrap"]
     print(f"{len(tokens)} tokens of {len(runs)} run(s) -> {out}")
-    print(f"(a) E[delta_stale^2 | H] slope {a['slope']:.4g} (95% CI {boot['slope_ci95']}, "
-          f"bootstrap over {resampled(boot)})")
+    ci = lambda c: "[" + ", ".join(f"{x:.3g}" for x in c) + "]" if c else "[n/a]"  # noqa: E731
+    print(f"E[delta^2] {summary['delta_sq_mean']:.3g}: drift E[delta_stale^2] "
+          f"{summary['delta_stale_sq_mean']:.3g}, mismatch E[delta_mis^2] "
+          f"{summary['delta_mis_sq_mean']:.3g} (max |delta_mis| {summary['max_abs_delta_mis']:.3g})")
+    print(f"(a) E[delta_stale^2 | H] slope {a['slope']:.4g} {ci(boot['slope_ci95'])} "
+          f"(95% CIs: bootstrap over {resampled(boot)})")
+    amp = summary["premises"]["low_entropy_amplification"]
     print(f"(b) E[delta_mis^2 | q] ~ ((1-q)/q)^k, k = {b['exponent']:.3g} "
-          f"(95% CI {boot['exponent_ci95']})")
+          f"{ci(boot['exponent_ci95'])}; off-mode (q < 0.5) k = {b['exponent_off_mode']:.3g} "
+          f"{ci(boot['exponent_off_mode_ci95'])}; low-entropy amplification "
+          f"{amp['ratio']:.3g} {ci(boot['amplification_ci95'])} ({amp['low_tokens']} off-mode "
+          f"tokens with H < {LOW_H:g})")
     mat = summary["gates"]["material"]
     for g, kp in summary["gates"]["overall"].items():
         m_auc = f"{mat[g]['auc']:.3f}" if g in mat else "-"

@@ -147,8 +147,10 @@ def format_report(report: dict[str, Any]) -> str:
 
 def format_tune_status(key: str, rows: list[dict[str, Any]]) -> str:
     """Markdown table of `experiments.study.tune_status`: label, own values, runs done of
-    expected, mean ``key`` so far and each run's value."""
-    lines = [f"| method | own | runs | mean {key} | runs (ws/seed: value) |", "|---|---|---|---|---|"]
+    expected, mean ``key`` so far and each run's value; first a line of the runs finished."""
+    done, expected = sum(r["done"] for r in rows), sum(r["expected"] for r in rows)
+    lines = [f"tuning runs finished: {done} of {expected}", "",
+             f"| method | own | runs | mean {key} | runs (ws/seed: value) |", "|---|---|---|---|---|"]
     for r in rows:
         own = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                         for k, v in r["own"].items())
