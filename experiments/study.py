@@ -37,7 +37,8 @@ stage cut short leaves whole (warm start, seed) pairs):
 * ``test``: the ``arms`` with their chosen values (+ the rule arm) on ``test_seeds`` x
   warm starts, into ``OUT/test/<ws>/``;
 * ``report``: `experiments.analysis.study_report`, printed and written to
-  ``OUT/report.md`` and ``OUT/report.json`` (an interim look says so).
+  ``OUT/report.md`` and ``OUT/report.json`` (an interim look says so); ``--figures``: also
+  ``OUT/report_paired.png`` (`experiments.analysis.study_plots`).
 
 Usage::
 
@@ -342,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="replace or add a [fixed] entry (tune/test; a smaller copy)")
     parser.add_argument("--to", metavar="DIR", default=None,
                         help="archive: the folder the finished runs' small files go to")
+    parser.add_argument("--figures", action="store_true", default=None,
+                        help="report: also OUT/report_paired.png (matplotlib)")
     parser.add_argument("--warm-start", metavar="NAME", default=None,
                         help="only this warm start's runs (tune/test; e.g. one per machine)")
     args = parser.parse_args(argv)
@@ -375,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
             text = format_report(report)
             (pathlib.Path(args.out) / "report.json").write_text(json.dumps(report, indent=1) + "\n")
             (pathlib.Path(args.out) / "report.md").write_text(text + "\n")
+            if args.figures:
+                from experiments.analysis.study_plots import paired_figure
+
+                paired_figure(report).savefig(pathlib.Path(args.out) / "report_paired.png", dpi=120)
             print(text)
             return 0
         records = run_stage(study, args.stage, args.out, args.workers or 1, choice, args.only,

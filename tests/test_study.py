@@ -230,6 +230,33 @@ def test_the_report_stage_pairs_the_test_runs_and_says_an_interim_look(study, tm
     report = json.loads((out / "report.json").read_text())
     assert report["arms"]["entr"]["vs_baseline"]["eval_ref_logp_after"]["n"] == 6
     assert (out / "report.md").read_text().splitlines() == lines
+    assert st.main(["report", str(spec), "--out", str(out), "--figures"]) == 0
+    assert (out / "report_paired.png").stat().st_size > 0
+
+
+def test_the_report_figure_draws_each_arms_paired_interval_and_warm_starts():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from experiments.analysis.study_plots import paired_figure
+
+    d = {"mean": 0.03, "ci95": [0.02, 0.045], "n": 6, "detectable_80": 0.0127,
+         "by_ws": {"A": 0.025, "B": 0.035}}
+    one = {"mean": -0.01, "ci95": None, "n": 1, "detectable_80": float("nan"), "by_ws": {"A": -0.01}}
+    report = {"primary_metric": "m", "baseline": "b", "runs_done": 13, "runs_expected": 18,
+              "arms": {"b": {}, "entr": {"vs_baseline": {"m": d}}, "sync": {"vs_baseline": {"m": one}}}}
+    ax = paired_figure(report).axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["entr (n=6)", "sync (n=1)"]
+    (entr_bar, sync_bar) = ax.containers
+    segs = entr_bar.lines[2][0].get_segments()[0]  # the interval, at the top row
+    assert segs[:, 0].tolist() == [0.02, 0.045] and segs[:, 1].tolist() == [1.0, 1.0]
+    assert sync_bar.lines[2][0].get_segments()[0][:, 0].tolist() == [-0.01, -0.01]
+    markers = [(line.get_xdata()[0], line.get_ydata()[0]) for line in ax.lines
+               if line.get_marker() in "^v"]
+    assert markers == [(0.025, 0.8), (0.035, 0.8), (-0.01, -0.2)]
+    band = ax.patches[0]  # +- the largest detectable difference
+    assert band.get_x() == -0.0127 and band.get_x() + band.get_width() == pytest.approx(0.0127)
+    assert ax.get_title() == "13 of 18 test runs (interim)"
 
 
 def test_stage_times_sum_the_run_walls_and_span_the_calendar(tmp_path):
