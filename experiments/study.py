@@ -316,17 +316,14 @@ def rule_tau(study: dict[str, Any], out: str | pathlib.Path) -> dict[str, Any]:
     return {"tau": float(tau), "stale_cut_budget": 0.02, "runs": paths, "tokens": len(tokens)}
 
 
-def format_stage_walls(study: dict[str, Any], out: str | pathlib.Path) -> str:
-    """The runs and wall time of each stage so far (`study_report.stage_times`), Markdown;
-    the test stage once ``OUT/choice.json`` exists."""
-    from experiments.analysis.study_report import format_stage_times, stage_times
+def stage_walls(study: dict[str, Any], out: str | pathlib.Path) -> dict[str, dict]:
+    """`study_report.stage_times` of each stage so far (the test stage once
+    ``OUT/choice.json`` exists)."""
+    from experiments.analysis.study_report import stage_times
 
     choice = load_choice(study, out) if (pathlib.Path(out) / "choice.json").exists() else None
-    lines = ["| stage | warm start | runs | run wall s (sum) | first start | last end (UTC) |",
-             "|---|---|---|---|---|---|"]
-    for stage in ("tune", "test") if choice else ("tune",):
-        lines.append(format_stage_times(stage, stage_times(stage_results(study, stage, out, choice))))
-    return "\n".join(line for line in lines if line)
+    return {stage: stage_times(stage_results(study, stage, out, choice))
+            for stage in (("tune", "test") if choice else ("tune",))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -361,11 +358,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{archive(study, args.out, args.to)} finished runs archived in {args.to}")
             return 0
         if args.stage == "status":
-            from experiments.analysis.study_report import format_tune_status
+            from experiments.analysis.study_report import format_stage_times, format_tune_status
 
             print(format_tune_status(study["preregistration"]["primary_metric"],
                                      tune_status(study, args.out)))
-            print(format_stage_walls(study, args.out))
+            print(format_stage_times(stage_walls(study, args.out)))
             return 0
         if args.stage == "choose":
             print(json.dumps(choose(study, args.out), indent=1))
@@ -374,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
             from experiments.analysis.study_report import format_report, study_report
 
             rows = stage_results(study, "test", args.out, choice)
+            if not rows:
+                raise ValueError(f"no finished test runs under {pathlib.Path(args.out) / 'test'}: "
+                                 "run the test stage first (or pass the --out it wrote)")
             report = study_report(study, rows, choice)
             text = format_report(report)
             (pathlib.Path(args.out) / "report.json").write_text(json.dumps(report, indent=1) + "\n")

@@ -205,6 +205,9 @@ def test_the_report_stage_pairs_the_test_runs_and_says_an_interim_look(study, tm
     out = tmp_path / "out"
     out.mkdir()
     (out / "choice.json").write_text(json.dumps({"chosen": {"entr": {"own": {"tau": 4.0}}}}))
+    assert st.main(["report", str(spec), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (f"study: error: no finished test runs under {out / 'test'}: "
+                                       "run the test stage first (or pass the --out it wrote)\n")
     for sweep_spec, where in st.stage_sweeps(study, "test", out, {"chosen": {"entr": {"own": {"tau": 4.0}}}}):
         for run in st.sweep.expand(sweep_spec, where):
             label, seed = run.name.split("_seed=")[0].removeprefix("method="), run.overrides["seed"]
@@ -275,7 +278,7 @@ def test_stage_times_sum_the_run_walls_and_span_the_calendar(tmp_path):
     assert times == {"A": {"runs": 2, "wall_s": 1500.5, "first_start": "2026-12-05T01:00",
                            "last_end": "2026-12-05T02:15"},
                      "B": {"runs": 1, "wall_s": 100.0, "first_start": None, "last_end": None}}
-    assert sr.format_stage_times("tune", times).splitlines() == [
+    assert sr.format_stage_times({"tune": times}).splitlines()[2:] == [
         "| tune | A | 2 | 1,500 | 2026-12-05T01:00 | 2026-12-05T02:15 |",
         "| tune | B | 1 | 100 | - | - |"]
 

@@ -190,9 +190,12 @@ def stage_times(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             for ws, t in sorted(out.items())}
 
 
-def format_stage_times(stage: str, times: dict[str, dict[str, Any]]) -> str:
-    """Markdown rows (no header) of `stage_times`: stage, warm start, runs, summed run wall
-    seconds, first start and last end (UTC)."""
-    return "\n".join(f"| {stage} | {ws} | {t['runs']} | {t['wall_s']:,.0f} | "
-                     f"{t['first_start'] or '-'} | {t['last_end'] or '-'} |"
-                     for ws, t in times.items())
+def format_stage_times(by_stage: dict[str, dict[str, dict[str, Any]]]) -> str:
+    """Markdown table of `stage_times` per stage (``{stage: times}``): stage, warm start,
+    runs, summed run wall seconds, first start and last end (UTC)."""
+    lines = ["| stage | warm start | runs | run wall s (sum) | first start | last end (UTC) |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {stage} | {ws} | {t['runs']} | {t['wall_s']:,.0f} | "
+              f"{t['first_start'] or '-'} | {t['last_end'] or '-'} |"
+              for stage, times in by_stage.items() for ws, t in times.items()]
+    return "\n".join(lines)
