@@ -185,14 +185,15 @@ def run_stage(study: dict[str, Any], stage: str, out: str | pathlib.Path, worker
     seed on every warm start (all arms), then the next seed's, so a stage cut short
     leaves whole (warm start, seed) pairs to compare; returns the run records."""
     seeds = study["preregistration"]["tuning_seeds" if stage == "tune" else "test_seeds"]
-    keyed = []
-    for w, (spec, where) in enumerate(stage_sweeps(study, stage, out, choice, sets, warm_start)):
+    keyed, sweeps = [], stage_sweeps(study, stage, out, choice, sets, warm_start)
+    for w, (spec, where) in enumerate(sweeps):
         runs = sweep.expand(spec, where)
         comparison.verify(spec, runs)
-        comparison.write_spec(spec, where)
         keyed += [((seeds.index(r.overrides["seed"]), w, i), r) for i, r in enumerate(runs)]
-    ordered = [r for _, r in sorted(keyed, key=lambda kr: kr[0])]
-    return sweep.run_runs(study["preset"], sweep.select(ordered, only), workers)
+    chosen = sweep.select([r for _, r in sorted(keyed, key=lambda kr: kr[0])], only)
+    for spec, where in sweeps:  # written once the selection is known to be good
+        comparison.write_spec(spec, where)
+    return sweep.run_runs(study["preset"], chosen, workers)
 
 
 def plan(study: dict[str, Any]) -> dict[str, Any]:

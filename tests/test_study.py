@@ -349,6 +349,9 @@ def test_a_stage_runs_in_paired_blocks_of_seed_and_warm_start(study, tmp_path, m
     assert started == [(ws, f"method={m}_seed={s}") for s in (100, 101) for ws in "AB"
                        for m in methods]
     started.clear()
+    with pytest.raises(ValueError, match=r"--only '\(' is not a regular expression"):
+        st.run_stage(study, "tune", tmp_path / "bad", workers=2, only="(")
+    assert not (tmp_path / "bad").exists()  # nothing written before the refusal
     st.run_stage(study, "tune", tmp_path, workers=2, only="grpo", warm_start="B")
     assert started == [("B", "method=grpo_async_seed=100"), ("B", "method=grpo_async_seed=101")]
 
