@@ -20,10 +20,12 @@ FIGURES = {
     "mask_fraction": ["mask_fraction"],
     "decomposition": ["decomposition_premises", "decomposition_gate_curves",
                       "decomposition_gate_curves_by_entropy"],
+    "study": ["study_tuning", "study_paired"],
 }
 # the stored runs each notebook executes on (tests/data/runs unless it needs others: the
-# decomposition reads token samples with logp_version, which the study slice has)
-RUNS_OF = {"decomposition": "tests/data/study_slice"}
+# decomposition reads token samples with logp_version, which the study slice has; the
+# study notebook reads the fp8 study's committed archive)
+RUNS_OF = {"decomposition": "tests/data/study_slice", "study": "results/stress_fp8"}
 
 
 @pytest.fixture(scope="module")

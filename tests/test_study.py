@@ -282,6 +282,26 @@ def test_stage_times_sum_the_run_walls_and_span_the_calendar(tmp_path):
         "| tune | A | 2 | 1,500 | 2026-12-05T01:00 | 2026-12-05T02:15 |",
         "| tune | B | 1 | 100 | - | - |"]
 
+
+def test_the_tuning_figure_draws_each_candidates_runs_mean_and_the_choice(study):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from experiments.analysis.study_plots import tuning_figure
+
+    rows = [{"arm": arm, "ws": ws, "seed": seed, "eval_ref_logp_after": v}
+            for arm, ws, seed, v in [("entr@0", "A", 100, -1.0), ("entr@0", "B", 100, -2.0),
+                                     ("entr@1", "A", 100, -0.5), ("grpo_async", "A", 100, -0.75)]]
+    ax = tuning_figure(study, rows, {"chosen": {"entr": {"index": 1}}}).axes[0]
+    means = [(c.get_segments()[0][0].tolist(), c.get_color()[0].tolist()) for c in ax.collections]
+    red, blue = matplotlib.colors.to_rgba("C3"), matplotlib.colors.to_rgba("C0")
+    assert means == [([-0.3, -1.5], list(blue)), ([0.7, -0.5], list(red))]  # candidate 1 chosen
+    runs = sorted((line.get_xdata()[0], line.get_ydata()[0]) for line in ax.lines
+                  if line.get_marker() in "os")
+    assert runs == [(-0.04, -1.0), (0.04, -2.0), (0.96, -0.5)]
+    assert [line.get_ydata()[0] for line in ax.lines if line.get_linestyle() == "--"] == [-0.75]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["tau 1", "tau 4"]
+
 def test_detectable_difference_of_a_paired_t_test():
     # (t_{0.975,9} + t_{0.8,9}) / sqrt(10) = (2.2622 + 0.8834) / 3.1623
     assert sr.detectable_difference(1.0, 10) == pytest.approx(0.99472, abs=1e-4)

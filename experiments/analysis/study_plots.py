@@ -1,7 +1,7 @@
-"""The figure of a pre-registered study's report (`experiments.analysis.study_report`):
-each arm's paired difference to the baseline in the primary metric, with its 95 % interval,
-each warm start's mean difference, and the design's detectable difference. Needs
-matplotlib (the ``dev`` extra)."""
+"""Figures of a pre-registered study (`experiments.study`): the tuning stage's candidates
+per gate (`tuning_figure`), and the report's paired differences to the baseline with their
+95 % intervals, each warm start's mean difference and the design's detectable difference
+(`paired_figure`). Needs matplotlib (the ``dev`` extra)."""
 
 from __future__ import annotations
 
@@ -41,5 +41,44 @@ def paired_figure(report: dict[str, Any]):
            title=f"{report['runs_done']} of {report['runs_expected']} test runs"
            + (" (interim)" if report["runs_done"] < report["runs_expected"] else ""))
     ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def tuning_figure(study: dict[str, Any], rows: list[dict[str, Any]],
+                  choice: dict[str, Any] | None = None):
+    """One panel per tuned gate (``[tuning.X]``): each candidate's tuning runs (markers by
+    warm start) and their mean (bar), the means of the untuned ``tuning_arms`` as
+    horizontal lines, and the chosen candidate (``choice``, when given) in red. ``rows``:
+    `experiments.study.stage_results` of the tune stage. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    key = study["preregistration"]["primary_metric"]
+    gates = list(study["tuning"])
+    fig, axes = plt.subplots(1, len(gates), figsize=(4.2 * len(gates), 3.6), squeeze=False,
+                             sharey=True)
+    wss = sorted({r["ws"] for r in rows})
+    arms = study["preregistration"].get("tuning_arms", [])
+    for ax, gate in zip(axes[0], gates):
+        own = study["tuning"][gate]["own"]
+        chosen = (choice or {}).get("chosen", {}).get(gate, {}).get("index")
+        for i in range(len(own)):
+            mine = [r for r in rows if r["arm"] == f"{gate}@{i}"]
+            for r in mine:
+                ax.plot([i + 0.08 * (wss.index(r["ws"]) - 0.5)], [r[key]], "os"[wss.index(r["ws"]) % 2],
+                        mfc="none", color="0.35", ms=4,
+                        label=f"warm start {r['ws']}" if i == 0 and r["seed"] == mine[0]["seed"] else None)
+            if mine:
+                ax.hlines(np.mean([r[key] for r in mine]), i - 0.3, i + 0.3, lw=2.5,
+                          color="C3" if i == chosen else "C0")
+        for j, arm in enumerate(arms):
+            vals = [r[key] for r in rows if r["arm"] == arm]
+            if vals:
+                ax.axhline(np.mean(vals), ls="--", lw=1, color=f"C{j + 4}", label=f"{arm} (mean)")
+        ax.set_xticks(range(len(own)), [", ".join(f"{k} {v:.3g}" for k, v in o.items())
+                                        for o in own], rotation=30, ha="right", fontsize=7)
+        ax.set(title=gate, xlabel="candidate")
+        ax.legend(fontsize=6)
+    axes[0][0].set(ylabel=f"{key} (tuning runs)")
     fig.tight_layout()
     return fig
