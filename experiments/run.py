@@ -73,16 +73,6 @@ _SELECTION_NOUNS = {"staleness.mode": "modes", "sampler.kind": "sampler kinds",
                     "task.name": "tasks", "objective.name": "objectives"}
 
 
-def _switches(cfg: Any, prefix: str = ""):
-    """Dotted names of the bool fields: tyro's switches (``--a.b`` / ``--a.no_b``)."""
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if dataclasses.is_dataclass(value):
-            yield from _switches(value, prefix + f.name + ".")
-        elif f.type in (bool, "bool"):
-            yield prefix + f.name
-
-
 def check_switch_values(fields: list[str], cfg: Any) -> None:
     """Refuse a value given to a switch (``--sft.save_model maybe``, ``--x.flag=true``),
     naming the field and both spellings, before tyro's own "Unrecognized options".
@@ -90,20 +80,21 @@ def check_switch_values(fields: list[str], cfg: Any) -> None:
     Raises:
       ConfigError: a switch of ``cfg`` is followed by a value.
     """
-    switches = set(_switches(cfg))
+    # tyro's switches (--a.b / --a.no_b): the bool fields, by their spellings
+    spellings = {}
+    for name in _leaves(cfg):
+        if isinstance(dotted(cfg, name), bool):
+            section, _, leaf = name.rpartition(".")
+            no = f"{section}.no_{leaf}".lstrip(".")
+            spellings[name] = spellings[no] = (name, no)
     for i, arg in enumerate(fields):
-        if not arg.startswith("--"):
-            continue
         name, eq, value = arg[2:].partition("=")
-        name = name.replace("-", "_")
-        section, _, leaf = name.rpartition(".")
-        on = name if name in switches else (
-            f"{section}.{leaf[3:]}".lstrip(".") if leaf.startswith("no_") else None)
-        if on not in switches:
+        found = spellings.get(name.replace("-", "_")) if arg.startswith("--") else None
+        if found is None:
             continue
         if eq or (i + 1 < len(fields) and not fields[i + 1].startswith("-")):
             got = value if eq else fields[i + 1]
-            no = f"{on.rpartition('.')[0]}.no_{on.rpartition('.')[2]}".lstrip(".")
+            on, no = found
             raise ConfigError(f"{on} is a switch and takes no value (got {got!r}): write "
                               f"--{on} to turn it on or --{no} to turn it off")
 

@@ -12,7 +12,10 @@ approximation that treats the noncentral t as shifted).
 
 from __future__ import annotations
 
+import datetime
+import json
 import math
+import pathlib
 from typing import Any, Sequence
 
 import numpy as np
@@ -47,9 +50,6 @@ def paired(rows: Sequence[dict[str, Any]], a: str, b: str, key: str) -> dict[str
 
 def mask_fraction(path: str) -> float:
     """Mean of a run's per-step ``mask/fraction`` (0 for an objective without a gate)."""
-    import json
-    import pathlib
-
     rows = [json.loads(line) for line in (pathlib.Path(path) / "metrics.jsonl").read_text().splitlines()
             if line.strip()]
     vals = [r["mask/fraction"] for r in rows if "mask/fraction" in r]
@@ -166,10 +166,6 @@ def stage_times(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     stage costs one worker), ``first_start`` (the earliest ``meta.json`` ``started_at``)
     and ``last_end`` (the latest start + wall; a resumed run's start is its last session's,
     so a span with resumed runs is approximate), both ISO 8601 UTC."""
-    import datetime
-    import json
-    import pathlib
-
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
         path = pathlib.Path(r["path"])
