@@ -194,8 +194,7 @@ def run_local(spec: dict[str, Any], out_dir: str | pathlib.Path, workers: int = 
     runs = select(expand(spec, out_dir), only)
     reused = reuse_finished(spec, runs, reuse or [])
     done = {r["name"] for r in reused}
-    return reused + [r for r in run_runs(spec["preset"], runs, workers)
-                     if not (r["name"] in done and r["status"] == "skipped (finished)")]
+    return reused + run_runs(spec["preset"], [r for r in runs if r.name not in done], workers)
 
 
 def run_runs(preset: str, runs: list[SweepRun], workers: int = 1) -> list[dict]:

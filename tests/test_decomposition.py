@@ -16,7 +16,7 @@ from entr_jax.interfaces import SamplingParams
 from entr_jax.model import from_pretrained
 from entr_jax.staleness import ParamRing, StalenessConfig
 from entr_jax.types import Trajectory
-from experiments.analysis import decompose
+from experiments.analysis import decompose, decompose_tables
 from experiments.analysis.runs import load_run
 from experiments.config import SamplerSpec
 from experiments.decomposition import logp_at_token_version
@@ -210,7 +210,7 @@ def test_the_cli_prints_the_numbers_the_docs_quote_and_refuses_bad_options(tmp_p
     assert f"off-mode (q < 0.5) k = {b['exponent_off_mode']:.3g} " in lines[3]
     assert f"k = {b['exponent']:.3g} {ci(boot['exponent_ci95'])};" in lines[3]
     assert lines[2].endswith(f"{ci(boot['slope_ci95'])} (95% CIs: bootstrap over "
-                             f"{decompose.resampled(boot)})")
+                             f"{decompose_tables.resampled(boot)})")
     assert decompose.main([str(root), "--out", str(tmp_path / "by"), "--n-boot", "4",
                            "--by", "objective.name"]) == 0
     table = capsys.readouterr().out.splitlines()
@@ -245,13 +245,13 @@ def _synthetic(n_runs: int, steps: int, per_step: int = 40) -> decompose.Decompo
 def test_the_bootstrap_resamples_runs_only_when_there_are_enough(monkeypatch):
     few = decompose.bootstrap(_synthetic(2, 6), n_boot=50)
     assert (few["unit"], few["runs"], few["units"]) == ("step", 2, 12)
-    assert decompose.resampled(few) == "12 steps within 2 runs"
+    assert decompose_tables.resampled(few) == "12 steps within 2 runs"
     single = decompose.bootstrap(_synthetic(2, 1), n_boot=20)  # no steps to resample
     assert (single["unit"], single["units"]) == ("run", 2)
     five = _synthetic(decompose.MIN_RUNS_FOR_RUN_BOOTSTRAP, 6)
     many = decompose.bootstrap(five, n_boot=50)
     assert (many["unit"], many["units"]) == ("run", decompose.MIN_RUNS_FOR_RUN_BOOTSTRAP)
-    assert decompose.resampled(many) == "5 runs"
+    assert decompose_tables.resampled(many) == "5 runs"
     # the runs' slopes differ (1.0 ... 3.0): resampling runs carries that spread, resampling
     # steps within runs cannot, so its interval is much narrower
     monkeypatch.setattr(decompose, "MIN_RUNS_FOR_RUN_BOOTSTRAP", 6)

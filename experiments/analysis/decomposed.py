@@ -52,6 +52,9 @@ class Decomposed:
 
 
 MATERIAL_NATS = 0.01  # |delta| above which a gate's decision about a token matters
+# off-mode tokens below LOW_H against those at or above HIGH_H (nats): the low-entropy
+# amplification of the mismatch, E[delta_mis^2 | off-mode, H < 0.1] / E[.. | H >= 1]
+LOW_H, HIGH_H = 0.1, 1.0
 
 
 def classify(t: Decomposed) -> tuple[np.ndarray, np.ndarray]:

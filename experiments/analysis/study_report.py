@@ -22,6 +22,7 @@ import numpy as np
 from scipy import stats as _st
 
 from experiments.analysis.stats import mean_ci
+from experiments.jsonl import read_records
 
 
 def detectable_difference(sd: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float:
@@ -50,9 +51,8 @@ def paired(rows: Sequence[dict[str, Any]], a: str, b: str, key: str) -> dict[str
 
 def mask_fraction(path: str) -> float:
     """Mean of a run's per-step ``mask/fraction`` (0 for an objective without a gate)."""
-    rows = [json.loads(line) for line in (pathlib.Path(path) / "metrics.jsonl").read_text().splitlines()
-            if line.strip()]
-    vals = [r["mask/fraction"] for r in rows if "mask/fraction" in r]
+    vals = [r["mask/fraction"] for r in read_records(pathlib.Path(path) / "metrics.jsonl")
+            if "mask/fraction" in r]
     return float(np.mean(vals)) if vals else 0.0
 
 
