@@ -283,6 +283,18 @@ def test_stage_times_sum_the_run_walls_and_span_the_calendar(tmp_path):
         "| tune | B | 1 | 100 | - | - |"]
 
 
+def test_mask_fraction_is_the_mean_over_steps_and_survives_a_cut_last_line(tmp_path):
+    from experiments.jsonl import PartialLineWarning
+
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"step": 0, "mask/fraction": 0.25}\n{"step": 1}\n{"step": 2, "mask/fraction": 0.5}\n'
+        '{"step": 3, "mask/fr')
+    with pytest.warns(PartialLineWarning, match="metrics.jsonl:4: dropped a partial last line"):
+        assert sr.mask_fraction(str(tmp_path)) == 0.375
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n')
+    assert sr.mask_fraction(str(tmp_path)) == 0.0  # an objective without a gate
+
+
 def test_the_tuning_figure_draws_each_candidates_runs_mean_and_the_choice(study):
     import matplotlib
 
