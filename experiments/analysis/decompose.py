@@ -35,6 +35,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from experiments.analysis import gate_curves as gc
+from experiments.analysis.decompose_tables import group_runs, mismatch_table, print_summary
 from experiments.analysis.decomposed import (
     ENTROPY_EDGES,
     FIELDS,
@@ -46,7 +47,6 @@ from experiments.analysis.decomposed import (
     scores,
 )
 from experiments.analysis.runs import Run, load_runs
-from experiments.analysis.decompose_tables import group_runs, mismatch_table, print_summary
 from experiments.analysis.tokens import wls_fit
 
 # fixed q bins (left edges; the last bin is open-ended)
