@@ -94,9 +94,17 @@ def load_spec(path: str | pathlib.Path) -> dict[str, Any]:
     """Read and check a sweep spec; errors name the offending key."""
     with open(path, "rb") as f:
         spec = tomllib.load(f)
-    unknown = set(spec) - {"preset", "seeds", "grid", "fixed", "comparison"}
+    return check_spec(spec, path)
+
+
+def check_spec(spec: dict[str, Any], path: str | pathlib.Path) -> dict[str, Any]:
+    """Check a sweep spec read from ``path`` (named in the errors) and fill its defaults
+    (``seeds`` [0], one empty grid, no ``fixed``); returns it. ValueError names the key."""
+    unknown = set(spec) - {"preset", "seeds", "grid", "fixed", "comparison", "map"}
     if unknown:
         raise ValueError(f"sweep spec {path}: unknown keys {sorted(unknown)}")
+    if "map" in spec:
+        spec["grid"] = map_grids(spec, path)
     if not isinstance(spec.get("preset"), str):
         raise ValueError(f"sweep spec {path}: 'preset' (a preset name) is required")
     seeds = spec.setdefault("seeds", [0])
@@ -113,6 +121,45 @@ def load_spec(path: str | pathlib.Path) -> dict[str, Any]:
     if "comparison" in spec:
         comparison.parse_methods(spec, f"sweep spec {path}")
     return spec
+
+
+MAP_AXES = ("inter_lag", "intra_switches")
+
+
+def map_grids(spec: dict[str, Any], path: str | pathlib.Path) -> list[dict[str, list]]:
+    """The grids of a staleness tolerance map (a ``[map]`` table, read by
+    `experiments.analysis.tolerance`): the inter axis ``staleness.inter_lag`` at the first
+    ``intra_switches`` value, and the intra axis ``staleness.intra_switches`` at the first
+    ``inter_lag`` value, so both axes cross at ``(inter_lag[0], intra_switches[0])``::
+
+        [map]
+        inter_lag = [0, 4, 8, 16, 32]
+        intra_switches = [0, 3, 9]
+
+    ValueError (naming the key and the fix) for a map beside ``[[grid]]``, one without a
+    ``[comparison]`` (its methods are the map's lines), an unknown key, or an axis that
+    is not a non-empty list of distinct non-negative ints."""
+    where = f"sweep spec {path}: [map]"
+    if "comparison" not in spec:
+        raise ValueError(f"{where} needs a [comparison] table: its methods are the map's "
+                         "lines (see experiments/sweeps/tolerance_map.toml)")
+    m = spec["map"]
+    if not isinstance(m, dict) or set(m) != set(MAP_AXES):
+        raise ValueError(f"{where} must have exactly the keys {list(MAP_AXES)}, got "
+                         f"{sorted(m) if isinstance(m, dict) else m!r}")
+    for key in MAP_AXES:
+        v = m[key]
+        if (not isinstance(v, list) or not v or len(set(v)) != len(v)
+                or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)):
+            raise ValueError(f"{where}.{key} must be a non-empty list of distinct ints >= 0 "
+                             f"(the first is where the axes cross), got {v!r}")
+    inter, intra = m["inter_lag"], m["intra_switches"]
+    grids = [{"staleness.inter_lag": list(inter), "staleness.intra_switches": [intra[0]]},
+             {"staleness.inter_lag": [inter[0]], "staleness.intra_switches": list(intra)}]
+    if spec.get("grid", grids) != grids:  # a spec checked again keeps the map's own grids
+        raise ValueError(f"{where} builds the grid itself: remove the [[grid]] tables "
+                         "(or run that grid as a separate sweep)")
+    return grids
 
 
 def _selection_reads(spec: dict[str, Any], point: dict[str, Any]):
