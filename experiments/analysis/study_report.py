@@ -49,6 +49,45 @@ def paired(rows: Sequence[dict[str, Any]], a: str, b: str, key: str) -> dict[str
                       for ws in sorted({p[0] for p in pairs})}}
 
 
+def p_value(mean: float, sd: float, n: int) -> float:
+    """Two-sided p-value of the paired t test of ``mean = 0`` (NaN for ``n < 2``)."""
+    if n < 2 or not math.isfinite(sd):
+        return float("nan")
+    if sd == 0:
+        return 0.0 if mean != 0 else 1.0
+    return float(2 * _st.t.sf(abs(mean) / (sd / math.sqrt(n)), n - 1))
+
+
+def holm(p: dict[str, float]) -> dict[str, float]:
+    """Holm's step-down adjusted p-values of a family ``{name: p}`` (Holm 1979): sorted
+    ascending, ``p_(i) * (m - i + 1)`` made monotone and capped at 1; NaN stays NaN and
+    does not count in ``m``."""
+    finite = sorted((v, k) for k, v in p.items() if math.isfinite(v))
+    m, out, run = len(finite), {k: float("nan") for k in p}, 0.0
+    for i, (v, k) in enumerate(finite):
+        run = max(run, min(1.0, v * (m - i)))
+        out[k] = run
+    return out
+
+
+def adjust_family(entries: dict[str, dict[str, Any]], alpha: float = 0.05) -> None:
+    """Add to each `paired` result of one family of comparisons (e.g. every arm against the
+    baseline, in one metric) its ``p`` (paired t), ``p_holm`` (`holm` over the family) and
+    ``ci_bonferroni``: the simultaneous interval at level ``1 - alpha / m`` (m = the
+    family's size), the interval that goes with a Bonferroni-adjusted test; Holm rejects
+    at least what Bonferroni does."""
+    ps = {k: p_value(e["mean"], e["sd"], e["n"]) for k, e in entries.items()}
+    adjusted = holm(ps)
+    m = sum(math.isfinite(v) for v in ps.values())
+    for k, e in entries.items():
+        e["p"], e["p_holm"] = ps[k], adjusted[k]
+        if e["n"] > 1 and m:
+            half = _st.t.ppf(1 - alpha / (2 * m), e["n"] - 1) * e["sd"] / math.sqrt(e["n"])
+            e["ci_bonferroni"] = [e["mean"] - half, e["mean"] + half]
+        else:
+            e["ci_bonferroni"] = None
+
+
 def mask_fraction(path: str) -> float:
     """Mean of a run's per-step ``mask/fraction`` (0 for an objective without a gate)."""
     vals = [r["mask/fraction"] for r in read_records(pathlib.Path(path) / "metrics.jsonl")
@@ -89,6 +128,9 @@ def study_report(study: dict[str, Any], rows: list[dict[str, Any]],
             if sync and arm != sync:
                 entry.setdefault("vs_sync", {})[k] = paired(rows, arm, sync, k)
         out["arms"][arm] = entry
+    for family in ("vs_baseline", "vs_sync"):  # Holm across the arms, per metric
+        for k in keys:
+            adjust_family({a: e[family][k] for a, e in out["arms"].items() if family in e})
     return out
 
 
@@ -134,6 +176,19 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"| {arm} | {_tuned(e['tuned'])} | {e['runs']} | {own} | "
                      f"{_ci(vb)} | {_num(vb['detectable_80'], '.4f') if vb else ''} | "
                      f"{by_ws} | {_ci(vs)} | {e['mask_fraction']:.4f} |")
+    adj = lambda e: "" if not e or "p_holm" not in e else (  # noqa: E731
+        f"{_num(e['p'], '.3f')} | {_num(e['p_holm'], '.3f')} | "
+        + (f"[{_num(e['ci_bonferroni'][0])}, {_num(e['ci_bonferroni'][1])}]"
+           if e["ci_bonferroni"] else ""))
+    lines += ["", f"Multiplicity, {key}: paired t p-values, Holm-adjusted across the arms "
+              "of each family, and the Bonferroni simultaneous interval that goes with the "
+              "adjustment (95 % family-wise)", "",
+              f"| arm | - {base}: p | p Holm | Bonferroni CI | - {sync or 'sync'}: p | "
+              "p Holm | Bonferroni CI |", "|---|---|---|---|---|---|---|"]
+    for arm, e in report["arms"].items():
+        vb, vs = e.get("vs_baseline", {}).get(key), e.get("vs_sync", {}).get(key)
+        if vb or vs:
+            lines.append(f"| {arm} | {adj(vb) or ' | | '} | {adj(vs) or ' | | '} |")
     secondary = report.get("secondary_metrics", [])
     if secondary:
         lines += ["", f"Secondary metrics: paired difference to {base} [95% CI]", "",
