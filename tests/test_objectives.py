@@ -51,6 +51,30 @@ def test_entr_mask_worked_case():
     np.testing.assert_array_equal(obj.entr_mask(d, h, 1.0, 0.01), [[True, False, True, False]])
 
 
+def test_gates_switched_off_keep_every_finite_token():
+    # the "off" value of each gate (a study's grid includes it): tau = inf, the IcePop band
+    # [0, inf], phi = inf keep every finite token, also at H + eps = 0 (inf * 0 is NaN) and
+    # at log-ratios past the +-20 clip; non-finite tokens stay masked
+    d = jnp.array([[0.0, 25.0, -25.0, 3.0, jnp.nan]])
+    h = jnp.array([[0.0, 0.0, 1.0, 2.0, 1.0]])
+    np.testing.assert_array_equal(obj.entr_mask(d, h, math.inf, 0.0), [[True] * 4 + [False]])
+    np.testing.assert_array_equal(obj.icepop_mask(d, 0.0, math.inf), [[True] * 4 + [False]])
+    lp = jnp.array([[-30.0, 0.0, -1e-9, -2.0, jnp.nan]])
+    lq = jnp.array([[0.0, -30.0, -5.0, -2.0, -1.0]])
+    np.testing.assert_array_equal(obj.kpop_mask(lp, lq, math.inf), [[True] * 4 + [False]])
+    # so ENTR with tau = inf is its PPO clip alone: the same loss and gradient as GRPO with
+    # the same clip band and aggregation
+    rng = np.random.default_rng(0)
+    logp_mu = -rng.uniform(0.01, 3.0, (2, 6))
+    batch = ns(logp_mu, rng.normal(size=(2, 6)), entropy_mu=jnp.asarray(rng.uniform(0, 2, (2, 6)), jnp.float32))
+    logp_pi = logp_mu + rng.normal(0, 0.5, (2, 6))
+    base = dict(aggregation="token_mean", clip_low=0.2, clip_high=0.28)
+    loss_e, _, g_e = value_grad("entr", logp_pi, batch, tau=math.inf, **base)
+    loss_g, _, g_g = value_grad("grpo", logp_pi, batch, kl_coef=0.0, **base)
+    assert loss_e == pytest.approx(loss_g, abs=1e-6)
+    np.testing.assert_allclose(g_e, g_g, atol=1e-6)
+
+
 def test_entr_mask_low_entropy_and_nan():
     # H = 0: band |delta| <= sqrt(tau * eps) = 0.1. H = -1e-7 (rounding) clamps to 0.
     d = jnp.array([[0.09, 0.11, 0.0, 0.05, jnp.nan, 0.0]])
@@ -487,7 +511,7 @@ def test_unknown_name_lists_known():
         ("entr", {"aggregation": "mean"}, "aggregation"),
         ("entr", {"l_norm": 0.0}, "l_norm"),
         ("icepop", {"alpha": 5.0, "beta": 5.0}, "alpha"),
-        ("icepop", {"alpha": 0.0}, "alpha"),
+        ("icepop", {"alpha": -0.1}, "alpha"),
         ("kpop", {"phi": 0.0}, "phi"),
         ("tis", {"cap": 0.0}, "cap"),
         ("tis", {"level": "batch"}, "level"),

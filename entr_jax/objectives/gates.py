@@ -59,7 +59,8 @@ def entr_mask(log_ratio: Array, entropy: Array, tau: float, eps: float) -> Array
     Args:
       log_ratio: ``[B, T]`` ``delta = log pi - log mu`` (stop-gradient inside).
       entropy: ``[B, T]`` behavior entropy ``H`` in nats.
-      tau: keep threshold (> 0). eps: entropy floor (>= 0).
+      tau: keep threshold (> 0); ``inf`` switches the gate off (every finite token kept,
+        also where ``H + eps = 0``, where ``inf * 0`` would be NaN). eps: entropy floor (>= 0).
 
     Returns:
       ``[B, T] bool``, false where ``log_ratio`` or ``entropy`` is not finite (``log_ratio``
@@ -68,7 +69,10 @@ def entr_mask(log_ratio: Array, entropy: Array, tau: float, eps: float) -> Array
     raw = sg(log_ratio)
     d = jnp.clip(raw, -LOG_RATIO_CLIP, LOG_RATIO_CLIP)
     h = sg(entropy)
-    return (d * d <= tau * (jnp.maximum(h, 0.0) + eps)) & jnp.isfinite(h) & jnp.isfinite(raw)
+    finite = jnp.isfinite(h) & jnp.isfinite(raw)
+    if tau == float("inf"):
+        return finite
+    return (d * d <= tau * (jnp.maximum(h, 0.0) + eps)) & finite
 
 
 def icepop_mask(log_ratio: Array, alpha: float, beta: float) -> Array:

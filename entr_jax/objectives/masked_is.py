@@ -79,8 +79,9 @@ class _MaskedIsConfig(ObjectiveConfig):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class IcePopConfig(_MaskedIsConfig):
-    """IcePop hyperparameters: band ``[alpha, beta]`` (0 < alpha < beta), clip band,
-    ``ratio_mode`` (``bypass`` | ``decoupled``, see the module docstring)."""
+    """IcePop hyperparameters: band ``[alpha, beta]`` (0 <= alpha < beta; ``alpha = 0``,
+    ``beta = inf`` switch the gate off), clip band, ``ratio_mode`` (``bypass`` |
+    ``decoupled``, see the module docstring)."""
 
     aggregation: Aggregation = "seq_mean_token_mean"
     alpha: float = 0.5
@@ -90,7 +91,7 @@ class IcePopConfig(_MaskedIsConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        check_range("IcePopConfig", "alpha", self.alpha, lo=0.0, lo_open=True)
+        check_range("IcePopConfig", "alpha", self.alpha, lo=0.0)
         check_range("IcePopConfig", "beta", self.beta, lo=0.0, lo_open=True)
         if not self.alpha < self.beta:
             raise ValueError(f"IcePopConfig.alpha must be < IcePopConfig.beta, got alpha={self.alpha}, beta={self.beta}")
