@@ -65,7 +65,7 @@ import sys
 import tomllib
 from typing import Any
 
-from experiments import comparison, sweep
+from experiments import comparison, provenance, sweep
 from experiments.study_archive import archive
 from experiments.study_args import check_args, load_choice
 
@@ -180,10 +180,12 @@ def stage_sweeps(study: dict[str, Any], stage: str, out: str | pathlib.Path,
 
 def run_stage(study: dict[str, Any], stage: str, out: str | pathlib.Path, workers: int,
               choice: dict[str, Any] | None = None, only: str | None = None,
-              sets: dict[str, Any] | None = None, warm_start: str | None = None) -> list[dict]:
+              sets: dict[str, Any] | None = None, warm_start: str | None = None,
+              record_diff: bool = False) -> list[dict]:
     """Run a stage's sweeps (finished runs skipped) in paired blocks: the runs of the first
     seed on every warm start (all arms), then the next seed's, so a stage cut short
-    leaves whole (warm start, seed) pairs to compare; returns the run records."""
+    leaves whole (warm start, seed) pairs to compare; returns the run records. Refused
+    from a tree that is not a commit on main (`experiments.provenance.check_tree`)."""
     seeds = study["preregistration"]["tuning_seeds" if stage == "tune" else "test_seeds"]
     keyed, sweeps = [], stage_sweeps(study, stage, out, choice, sets, warm_start)
     for w, (spec, where) in enumerate(sweeps):
@@ -191,6 +193,7 @@ def run_stage(study: dict[str, Any], stage: str, out: str | pathlib.Path, worker
         comparison.verify(spec, runs)
         keyed += [((seeds.index(r.overrides["seed"]), w, i), r) for i, r in enumerate(runs)]
     chosen = sweep.select([r for _, r in sorted(keyed, key=lambda kr: kr[0])], only)
+    provenance.check_tree(out, stage, record_diff)
     for spec, where in sweeps:  # written once the selection is known to be good
         comparison.write_spec(spec, where)
     return sweep.run_runs(study["preset"], chosen, workers)
@@ -343,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="archive: the folder the finished runs' small files go to")
     parser.add_argument("--figures", action="store_true", default=None,
                         help="report: also OUT/report_paired.png (matplotlib)")
+    parser.add_argument("--record-diff", action="store_true", default=None,
+                        help="tune/test: run from uncommitted changes, writing their diff "
+                             "to OUT (refused otherwise)")
     parser.add_argument("--warm-start", metavar="NAME", default=None,
                         help="only this warm start's runs (tune/test; e.g. one per machine)")
     args = parser.parse_args(argv)
@@ -386,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
             print(text)
             return 0
         records = run_stage(study, args.stage, args.out, args.workers or 1, choice, args.only,
-                            sweep.parse_set(args.set or []), args.warm_start)
+                            sweep.parse_set(args.set or []), args.warm_start,
+                            bool(args.record_diff))
     except (ValueError, TypeError, FileNotFoundError) as err:
         print(f"study: error: {err}", file=sys.stderr)
         return 2

@@ -10,7 +10,7 @@ import pathlib
 from typing import Any
 
 STAGE_OPTIONS = {"workers": ("tune", "test"), "only": ("tune", "test"), "set": ("tune", "test"),
-                 "warm_start": ("tune", "test"), "to": ("archive",),
+                 "warm_start": ("tune", "test"), "record_diff": ("tune", "test"), "to": ("archive",),
                  "figures": ("report",)}
 
 

@@ -373,10 +373,13 @@ def test_one_warm_start_at_a_time(study, tmp_path):
 
 
 def test_a_stage_runs_in_paired_blocks_of_seed_and_warm_start(study, tmp_path, monkeypatch):
-    started = []
+    started, checked = [], []
     monkeypatch.setattr(st.sweep, "run_runs", lambda preset, runs, workers: started.extend(
         (r.run_dir.parent.name, r.name) for r in runs) or [])
+    # the tree's provenance is checked once the selection is good (tests/test_provenance.py)
+    monkeypatch.setattr(st.provenance, "check_tree", lambda *a: checked.append(a))
     st.run_stage(study, "tune", tmp_path, workers=2)
+    assert checked == [(tmp_path, "tune", False)]
     methods = ("entr@0", "entr@1", "grpo_async")
     assert started == [(ws, f"method={m}_seed={s}") for s in (100, 101) for ws in "AB"
                        for m in methods]
