@@ -12,6 +12,7 @@ with two more tables, written and committed before any of its runs::
     arms = ["grpo_sync", "grpo_async", "entr", "icepop"]   # compared in the test stage
     tuning_arms = ["grpo_sync", "grpo_async"]  # also run on the tuning seeds (untuned)
     rule_arm = "entr"                           # + "entr_rule": tau from the decomposition
+    rule_tokens = "material"                    # the rule's tokens: "all" or |delta| > 0.01
     tuning_seeds = [1000, 1001]
     test_seeds = [0, 1, 2]
     [[preregistration.warm_starts]]             # a blocking factor; runs refuse other weights
@@ -112,6 +113,9 @@ def load_study(path: str | pathlib.Path) -> dict[str, Any]:
     rule = pre.get("rule_arm")
     if rule is not None and methods.get(rule, {}).get("objective") != "entr":
         raise ValueError(f"{where}: rule_arm {rule!r} must be an ENTR method")
+    if pre.setdefault("rule_tokens", "all") not in ("all", "material"):
+        raise ValueError(f"{where}: rule_tokens must be \"all\" or \"material\", got "
+                         f"{pre['rule_tokens']!r}")
     spec.setdefault("fixed", {})
     spec.setdefault("tuning", {})
     return spec
@@ -303,7 +307,8 @@ def choose(study: dict[str, Any], out: str | pathlib.Path) -> dict[str, Any]:
 def rule_tau(study: dict[str, Any], out: str | pathlib.Path) -> dict[str, Any]:
     """The ENTR ``tau`` that cuts at most 2 % of the staleness-dominated tokens of the
     baseline's tuning runs (no gate shapes their tokens), from the decomposition
-    (`experiments.analysis.decompose.gate_report`, ``tau_rule_2pct``)."""
+    (`experiments.analysis.decompose.gate_report`, ``tau_rule_2pct``); over the material
+    tokens (``|delta| > 0.01``) alone when the registration's ``rule_tokens`` says so."""
     from experiments.analysis import decompose
     from experiments.analysis.runs import load_run
 
@@ -314,10 +319,12 @@ def rule_tau(study: dict[str, Any], out: str | pathlib.Path) -> dict[str, Any]:
                          "to set the rule's tau from")
     tokens, seq = decompose.load([load_run(p) for p in paths])
     eps = study["comparison"]["methods"][pre["rule_arm"]].get("own", {}).get("eps", 0.01)
-    tau = decompose.gate_report(tokens, seq, eps)["tau_rule_2pct"]
+    gates = decompose.gate_report(tokens, seq, eps)
+    tau = (gates if pre["rule_tokens"] == "all" else gates["material"]).get("tau_rule_2pct", math.nan)
     if not math.isfinite(tau):
         raise ValueError("choose: the decomposition gives no finite tau for the rule")
-    return {"tau": float(tau), "stale_cut_budget": 0.02, "runs": paths, "tokens": len(tokens)}
+    return {"tau": float(tau), "stale_cut_budget": 0.02, "runs": paths, "tokens": len(tokens),
+            "rule_tokens": pre["rule_tokens"]}
 
 
 def stage_walls(study: dict[str, Any], out: str | pathlib.Path) -> dict[str, dict]:

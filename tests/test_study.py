@@ -2,6 +2,7 @@
 stages' runs, the choice on tuning seeds, the paired report and its detectable difference."""
 
 import json
+import pathlib
 import math
 
 import pytest
@@ -327,6 +328,8 @@ def test_detectable_difference_of_a_paired_t_test():
     (lambda s: s.replace('[tuning.entr]', '[tuning.kpop]'), r"\[tuning.kpop\] names no"),
     (lambda s: s.replace('primary_metric = "eval_ref_logp_after"\n', ''), "lacks"),
     (lambda s: s.replace('name = "A"\n', ''), "needs exactly name, path, sha256"),
+    (lambda s: s.replace('baseline = "grpo_async"', 'baseline = "grpo_async"\nrule_tokens = "some"'),
+     'rule_tokens must be "all" or "material", got \'some\''),
 ])
 def test_a_bad_study_spec_is_refused_naming_the_key(tmp_path, edit, message):
     path = tmp_path / "s.toml"
@@ -406,3 +409,22 @@ def test_archive_keeps_the_small_files_and_the_baselines_token_samples(study, tm
     assert not any("entr@1_seed=100/token_samples" in k or "checkpoints" in k for k in kept)
     assert not any(k.startswith("tune/A/method=entr@0_seed=100") for k in kept)
     assert "tune/A/method=entr@1_seed=101/summary.json" in kept
+
+
+def test_the_rule_tau_comes_from_all_or_the_material_tokens_as_registered():
+    """The rule arm's tau over the baseline's tuning tokens (the stored slice of the fp8
+    study): the registered ``rule_tokens`` picks all tokens or only those with |delta| >
+    0.01, each the decomposition's own 2 % threshold; a value neither is refused."""
+    from experiments.analysis import decompose
+    from experiments.analysis.runs import load_run
+
+    root = pathlib.Path(__file__).parent / "data" / "study_slice"
+    study = st.load_study("experiments/studies/stress_fp8.toml")
+    assert study["preregistration"]["rule_tokens"] == "all"   # the fp8 study's registration
+    tokens, seq = decompose.load([load_run(root / "tune" / "A" / "method=grpo_async_seed=1000")])
+    gates = decompose.gate_report(tokens, seq, 0.01)
+    rule = st.rule_tau(study, root)
+    assert rule["tau"] == gates["tau_rule_2pct"] and rule["rule_tokens"] == "all"
+    material = dict(study, preregistration={**study["preregistration"], "rule_tokens": "material"})
+    assert st.rule_tau(material, root)["tau"] == gates["material"]["tau_rule_2pct"]
+    assert gates["material"]["tau_rule_2pct"] > 10 * gates["tau_rule_2pct"]
