@@ -21,11 +21,13 @@ FIGURES = {
     "decomposition": ["decomposition_premises", "decomposition_gate_curves",
                       "decomposition_gate_curves_by_entropy"],
     "study": ["study_tuning", "study_paired"],
+    "tolerance_map": ["tolerance_map"],
 }
 # the stored runs each notebook executes on (tests/data/runs unless it needs others: the
 # decomposition reads token samples with logp_version, which the study slice has; the
 # study notebook reads the fp8 study's committed archive)
-RUNS_OF = {"decomposition": "tests/data/study_slice", "study": "results/stress_fp8"}
+RUNS_OF = {"decomposition": "tests/data/study_slice", "study": "results/stress_fp8",
+           "tolerance_map": "tests/data/tolerance_map"}
 
 
 @pytest.fixture(scope="module")
