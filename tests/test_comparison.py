@@ -215,10 +215,14 @@ def test_every_compared_method_computes_something_of_its_own(path):
     rng = np.random.default_rng(0)
     logp_pi = jnp.asarray(-rng.uniform(0.05, 3.0, (4, 16)), jnp.float32)
     logp_mu = logp_pi + jnp.asarray(rng.normal(0.0, 0.7, (4, 16)), jnp.float32)
+    entropy_mu = jnp.asarray(rng.uniform(0.05, 3.0, (4, 16)), jnp.float32)
+    # one far-off token at near-zero entropy, which a loose gate (ENTR tau 16: S = 4 / 0.011)
+    # still cuts: stale batches have them, and without one tau 16 would look inert here
+    logp_mu, entropy_mu = logp_mu.at[0, 0].set(logp_pi[0, 0] - 2.0), entropy_mu.at[0, 0].set(0.001)
     batch = ObjectiveInput(
         loss_mask=jnp.ones((4, 16), bool),
         advantages=jnp.asarray(np.repeat([[1.0], [-1.0], [0.5], [-0.5]], 16, axis=1), jnp.float32),
-        logp_mu=logp_mu, entropy_mu=jnp.asarray(rng.uniform(0.05, 3.0, (4, 16)), jnp.float32),
+        logp_mu=logp_mu, entropy_mu=entropy_mu,
         logp_prox=logp_pi, num_loss_tokens=jnp.float32(64))
 
     def value_grad(label):
