@@ -46,6 +46,10 @@ another request), ``"prompt_mismatch"`` (``prompt_tokens`` one more than the pro
 ``"bad_entropy"`` (``output_token_entropy`` of -1 and 1e6) and ``"negative_version"``
 (``weight_version`` "-1"). While ``unavailable`` is set, every route answers 503 (an
 outage: the server is up but serves nothing, health checks included).
+``update_faults`` are queued the same way, one consumed per ``/update_weights_from_disk``:
+``"401"``, ``"500"`` (``"OOM while loading"``) and ``"503"`` answer that status with
+``success: false``; ``"die"`` kills the server during the reload, as SGLang's CPU path
+does for a model with qkv biases (`FakeSGLangServer.kill`).
 With ``engine_entropy = True`` replies also carry ``meta_info["output_token_entropy"]``
 (the exact entropy per token), as a server patched to report it would.
 """
@@ -99,6 +103,7 @@ class FakeSGLangServer:
         self.pause_wait_s = pause_wait_s  # longest a request waits for /continue_generation
         self.engine_entropy = False  # True: also report meta_info["output_token_entropy"]
         self.faults: collections.deque[str | None] = collections.deque()
+        self.update_faults: collections.deque[str | None] = collections.deque()
         self.weights_seed = 0
         self.weight_version = "default"
         self.model_path = "/fake/initial"
@@ -207,6 +212,16 @@ class FakeSGLangServer:
         if route == ("POST", "/abort_request"):
             return self._send(req, 200, None)
         if route == ("POST", "/update_weights_from_disk"):
+            with self.lock:
+                fault = self.update_faults.popleft() if self.update_faults else None
+            if fault == "die":  # the reload kills the server (SGLang's CPU path with biases)
+                self.kill()
+                req.close_connection = True
+                return
+            if fault in ("401", "500", "503"):
+                return self._send(req, int(fault), {"success": False, "message": {
+                    "401": "Unauthorized", "500": "OOM while loading",
+                    "503": "Service Unavailable"}[fault], "num_paused_requests": 0})
             path = body.get("model_path")
             if not isinstance(path, str) or not os.path.isdir(path):
                 return self._send(req, 400, {"success": False, "message": f"bad model_path {path!r}",
@@ -289,6 +304,11 @@ class FakeSGLangServer:
             except OSError:
                 pass
         threading.Thread(target=self.stop, daemon=True).start()
+
+    def load(self, path: str, version: str) -> None:
+        """Serve the weights of ``path`` as ``version`` (a server started on them)."""
+        with self.state:
+            self.weights_seed, self.model_path, self.weight_version = dir_seed(path), path, version
 
     def restart(self) -> None:
         """Forget the loaded weights, as a restarted server does (startup weights, ``"default"``)."""

@@ -19,6 +19,7 @@ from samplers.sglang_fleet import SGLangFleet
 from samplers.sglang_launch import (
     SGLangLaunchConfig, all_commands, main, router_url, server_urls, write_key_file)
 from samplers.sglang_protocol import build_generate_payload, parse_weight_version
+from samplers.sglang_routing import WeightSyncError
 from tests.sglang_fake_server import (
     K, PROMPTS, VOCAB, FakeSGLangServer, fleet_config as _cfg, sampling_params, toy_logprobs)
 
@@ -379,11 +380,11 @@ def test_restarted_server_is_taken_out_and_caught_up(servers, tmp_path):
 
 def test_weight_update_fails_everywhere_raises(servers, tmp_path):
     fakes = servers(1)
-    with SGLangFleet(_cfg(fakes)) as fleet:
+    with SGLangFleet(_cfg(fakes, outage_wait_s=0.3)) as fleet:
         with pytest.raises(ValueError, match="not a directory"):
             fleet.update_weights_from_path(str(tmp_path / "missing"), 1)
         fakes[0].stop()
-        with pytest.raises(RuntimeError, match="every server"):
+        with pytest.raises(WeightSyncError, match="no SGLang server took it within outage_wait_s"):
             fleet.update_weights_from_path(str(tmp_path), 1)
 
 
