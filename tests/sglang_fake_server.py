@@ -422,3 +422,30 @@ def generate_with(fakes, **cfg):
 
     with SGLangFleet(fleet_config(fakes, **cfg)) as fleet:
         return fleet.generate(PROMPTS, sampling_params(), num_samples=2), fleet.metrics()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m tests.sglang_fake_server --port P [--model-path DIR] [--weight-version V]
+    [--die-on-update]``: one fake server as a process of its own (as
+    `samplers.sglang_procs.LocalServers` starts SGLang's), serving until killed;
+    ``--die-on-update`` makes its first ``/update_weights_from_disk`` kill it."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--model-path")
+    parser.add_argument("--weight-version", default="default")
+    parser.add_argument("--die-on-update", action="store_true")
+    args = parser.parse_args(argv)
+    server = FakeSGLangServer(port=args.port)
+    if args.model_path:
+        server.load(args.model_path, args.weight_version)
+    if args.die_on_update:
+        server.update_faults.append("die")
+    while not server.dead:
+        time.sleep(0.05)
+    os._exit(1)  # as a killed server does
+
+
+if __name__ == "__main__":
+    main()

@@ -426,7 +426,7 @@ def test_launch_commands(tmp_path, monkeypatch, capsys):
     assert [c.env for c in cmds] == [{"CUDA_VISIBLE_DEVICES": "0,1"}, {"CUDA_VISIBLE_DEVICES": "2,3"}, {}]
     assert list(cmds[1].argv) == [
         "python", "-m", "sglang.launch_server", "--model-path", "/ckpt/m", "--host", "127.0.0.1",
-        "--port", "31001", "--tp-size", "2", "--config", key_file]
+        "--port", "31001", "--tp-size", "2", "--dtype", "bfloat16", "--config", key_file]
     assert list(cmds[2].argv) == [
         "python", "-m", "samplers.sglang_launch", "router", "--key-file", key_file,
         "--worker-urls", "http://127.0.0.1:31000", "http://127.0.0.1:31001", "--host",
@@ -453,6 +453,78 @@ def test_launch_commands(tmp_path, monkeypatch, capsys):
     assert key not in str(e.value)
     with pytest.raises(ValueError, match="tp_size"):
         SGLangLaunchConfig(model_path="/m", gpu_ids=(0, 1, 2), tp_size=2)
+    with pytest.raises(ValueError, match="float16"):
+        SGLangLaunchConfig(model_path="/m", dtype="auto")
+
+
+def test_launch_on_cpu_carries_several_flags_and_the_dtype(tmp_path, capsys, monkeypatch):
+    """``--extra-args`` takes one string of several SGLang flags (and may repeat; a bare
+    ``--`` passes the rest on); the dtype is always explicit (bfloat16, never SGLang's
+    auto, which serves a float32 export as float16); ``--device cpu`` sets no GPUs and the
+    attention backend 0.5.23 needs there; the interpreter is ``$ENTR_SGLANG_PYTHON``; an
+    existing secrets folder is made private."""
+    monkeypatch.setenv("ENTR_SGLANG_PYTHON", "/opt/sgl/bin/python")
+    monkeypatch.setenv("ENTR_TEST_LAUNCH_KEY", "k3y")
+    secrets = tmp_path / "secrets"
+    secrets.mkdir(mode=0o755)
+    os.chmod(secrets, 0o755)
+    assert main(["--model-path", "/ckpt/m", "--device", "cpu", "--gpu-ids", "0", "1",
+                 "--extra-args", "--max-total-tokens 4096 --disable-overlap-schedule",
+                 "--api-key", "env:ENTR_TEST_LAUNCH_KEY", "--secrets-dir", str(secrets),
+                 "--extra-args=--mem-fraction-static 0.2", "--", "--log-level", "debug"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    key_file = str(secrets / "sglang_api_key.json")
+    assert lines[1] == (
+        "/opt/sgl/bin/python -m sglang.launch_server --model-path /ckpt/m --host 127.0.0.1 "
+        f"--port 30001 --tp-size 1 --dtype bfloat16 --device cpu --attention-backend torch_native "
+        f"--config {key_file} --max-total-tokens 4096 --disable-overlap-schedule "
+        "--mem-fraction-static 0.2 --log-level debug")
+    assert os.stat(secrets).st_mode & 0o777 == 0o700
+    cfg = SGLangLaunchConfig(model_path="/m", device="cpu", dtype="float16",
+                             extra_args=("--attention-backend", "intel_amx"))
+    (cmd,) = all_commands(cfg)
+    assert cmd.env == {} and cmd.argv.count("--attention-backend") == 1
+    assert cmd.argv[cmd.argv.index("--dtype") + 1] == "float16"
+    with pytest.raises(SystemExit, match="--extra-args needs a value"):
+        main(["--model-path", "/m", "--extra-args"])
+
+
+def test_sigterm_to_launch_run_stops_every_server_process(tmp_path):
+    """``sglang_launch --run`` killed with SIGTERM stops each server and the processes the
+    server started (SGLang forks its scheduler): no orphan is left."""
+    import signal
+    import subprocess
+    import sys
+
+    fake = tmp_path / "fake_python"
+    fake.write_text("#!/bin/sh\nsleep 600 &\necho $$ $! >> " + str(tmp_path / "pids") +
+                    "\nwait\n")
+    fake.chmod(0o755)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "samplers.sglang_launch", "--model-path", "/m", "--device", "cpu",
+         "--gpu-ids", "0", "1", "--python", str(fake), "--run"],
+        stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    deadline = time.monotonic() + 60
+    pids_file = tmp_path / "pids"
+    while time.monotonic() < deadline and (
+            not pids_file.exists() or len(pids_file.read_text().split()) < 4):
+        time.sleep(0.1)
+    pids = [int(p) for p in pids_file.read_text().split()]
+    assert len(pids) == 4  # two servers, each with a child
+    launcher.send_signal(signal.SIGTERM)
+    assert launcher.wait(timeout=60) == 130
+
+    def alive(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().split(")")[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    assert [p for p in pids if alive(p)] == []
 
 
 def test_the_router_entry_sets_the_key_from_its_file(tmp_path, monkeypatch):

@@ -256,3 +256,36 @@ def test_the_failed_push_is_not_retried_as_a_bug_by_the_run(tmp_path, capsys):
     assert printed.endswith(f"no checkpoint yet, a resume starts over; resume with: entr-run "
                             f"quickstart --run_dir {tmp_path / 'r'} --sampler.kind sglang --resume")
     assert np.char.count(printed, "\n") == 0
+
+
+def test_local_servers_relaunch_a_server_process_the_reload_killed(tmp_path, checkpoint):
+    """`LocalServers` starts a fake server as a process of its own; the reload kills that
+    process; the fleet relaunches it with ``--model-path`` the new checkpoint and
+    ``--weight-version`` the new version, and samples from it."""
+    import socket
+    import sys
+
+    from samplers.sglang_launch import LaunchCommand
+    from samplers.sglang_procs import LocalServers
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    cmd = LaunchCommand(env={"PYTHONPATH": os.getcwd()}, argv=(
+        sys.executable, "-m", "tests.sglang_fake_server", "--port", str(port), "--model-path",
+        checkpoint("v0"), "--die-on-update"))
+    path = checkpoint("v1")
+    with LocalServers([cmd], [url], log_dir=str(tmp_path / "logs"), ready_timeout_s=60) as procs:
+        procs.wait_ready()
+        first = procs.procs[0]
+        with SGLangFleet(fleet_config([type("S", (), {"url": url})()], control_timeout_s=30.0,
+                                      relaunch=procs.relaunch)) as fleet:
+            assert _push(fleet, path, 1) == []
+            assert _versions(fleet) == {1}
+            assert fleet.metrics()["sglang/servers_relaunched"] == 1
+        assert first.poll() is not None and procs.procs[0].poll() is None
+        argv = procs.commands[0].argv
+        assert argv[argv.index("--model-path") + 1] == path
+        assert argv[-2:] == ("--weight-version", "1")
+    assert procs.procs[0].poll() is not None  # stopped on exit
