@@ -342,9 +342,13 @@ class FakeSGLangServer:
             if self._abort_epoch != epoch:  # paused with mode "abort": end here
                 finish = {"type": "abort", "message": "Abort due to pause_generation", "status_code": 503}
                 break
-            lp = toy_logprobs(ids[-1], weights_seed, temperature)
             pos = len(ids)
-            tok = int(np.random.default_rng([seed, pos]).choice(VOCAB, p=np.exp(lp) / np.exp(lp).sum()))
+            if temperature < 1e-6:  # SGLang: greedy, the arg-max at temperature 1
+                lp = toy_logprobs(ids[-1], weights_seed, 1.0)
+                tok = int(np.argmax(lp))
+            else:
+                lp = toy_logprobs(ids[-1], weights_seed, temperature)
+                tok = int(np.random.default_rng([seed, pos]).choice(VOCAB, p=np.exp(lp) / np.exp(lp).sum()))
             ids.append(tok)
             out.append(tok)
             triples.append([float(lp[tok]), tok, None])

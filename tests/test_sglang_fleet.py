@@ -137,9 +137,25 @@ def test_weight_version_parsing():
 
 def test_filters_refused(servers):
     with SGLangFleet(_cfg(servers(1))) as fleet:
-        for kw in (dict(top_p=0.9), dict(top_k=5), dict(min_p=0.1)):
+        for kw in (dict(top_p=0.9), dict(top_k=5), dict(min_p=0.1), dict(top_k=1, top_p=0.5)):
             with pytest.raises(ValueError, match=next(iter(kw))):
                 fleet.generate(PROMPTS, SamplingParams(**kw))
+
+
+def test_greedy_is_sent_as_temperature_zero_and_ignores_the_seed(servers):
+    """``top_k=1`` is greedy decoding: sent as temperature 0 with top_k 1 (SGLang's arg-max,
+    the first of exact ties), so every seed gives the arg-max tokens of the toy model."""
+    fakes = servers(1)
+    with SGLangFleet(_cfg(fakes)) as fleet:
+        runs = [fleet.generate([[3]], SamplingParams(temperature=0.7, top_k=1, max_new_tokens=5,
+                                                     seed=seed))[0][0] for seed in range(4)]
+    sp = fakes[0].generate_bodies[0]["sampling_params"]
+    assert (sp["temperature"], sp["top_k"], sp["top_p"], sp["min_p"]) == (0.0, 1, 1.0, 0.0)
+    seq, want = [3], []
+    for _ in range(5):
+        want.append(int(np.argmax(toy_logprobs(seq[-1], 0, 1.0))))
+        seq.append(want[-1])
+    assert all(g.response_ids.tolist() == want for g in runs)
 
 
 # ---------------------------------------------------------------- sampling semantics
