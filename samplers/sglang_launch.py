@@ -234,7 +234,8 @@ def server_commands(cfg: SGLangLaunchConfig, key_file: str | None = None) -> lis
         if cfg.deterministic:
             argv.append("--enable-deterministic-inference")
         argv += list(cfg.extra_args)
-        env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))} if cfg.device == "cuda" else {}
+        env = ({"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))} if cfg.device == "cuda"
+               else {"SGLANG_USE_CPU_ENGINE": "1"})  # SGLang's CPU-server docs require it
         cmds.append(LaunchCommand(env=env, argv=tuple(argv)))
     return cmds
 

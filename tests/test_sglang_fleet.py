@@ -491,7 +491,7 @@ def test_launch_on_cpu_carries_several_flags_and_the_dtype(tmp_path, capsys, mon
     lines = capsys.readouterr().out.splitlines()
     key_file = str(secrets / "sglang_api_key.json")
     assert lines[1] == (
-        "/opt/sgl/bin/python -m sglang.launch_server --model-path /ckpt/m --host 127.0.0.1 "
+        "SGLANG_USE_CPU_ENGINE=1 /opt/sgl/bin/python -m sglang.launch_server --model-path /ckpt/m --host 127.0.0.1 "
         f"--port 30001 --tp-size 1 --dtype bfloat16 --device cpu --attention-backend torch_native "
         f"--config {key_file} --max-total-tokens 4096 --disable-overlap-schedule "
         "--mem-fraction-static 0.2 --log-level debug")
@@ -499,7 +499,7 @@ def test_launch_on_cpu_carries_several_flags_and_the_dtype(tmp_path, capsys, mon
     cfg = SGLangLaunchConfig(model_path="/m", device="cpu", dtype="float16",
                              extra_args=("--attention-backend", "intel_amx"))
     (cmd,) = all_commands(cfg)
-    assert cmd.env == {} and cmd.argv.count("--attention-backend") == 1
+    assert cmd.env == {"SGLANG_USE_CPU_ENGINE": "1"} and cmd.argv.count("--attention-backend") == 1
     assert cmd.argv[cmd.argv.index("--dtype") + 1] == "float16"
     with pytest.raises(SystemExit, match="--extra-args needs a value"):
         main(["--model-path", "/m", "--extra-args"])
