@@ -40,6 +40,7 @@ import sys
 import tempfile
 
 from samplers.sglang_config import check_api_key_source, read_api_key
+from samplers.sglang_procs import LaunchCommand, LocalServers
 
 KEY_FILE = "sglang_api_key.json"
 DTYPES = ("bfloat16", "float16", "float32")
@@ -152,19 +153,6 @@ class SGLangLaunchConfig:
         if self.router_metrics_port is not None:
             return self.router_metrics_port
         return (self.router_port or 0) + 1
-
-
-@dataclasses.dataclass(frozen=True)
-class LaunchCommand:
-    """One process to start: extra environment variables and the argument vector."""
-
-    env: dict[str, str]
-    argv: tuple[str, ...]
-
-    def shell(self) -> str:
-        """The command as one POSIX shell line (env assignments first)."""
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
-        return (env + " " if env else "") + shlex.join(self.argv)
 
 
 def _is_loopback(host: str) -> bool:
@@ -331,8 +319,6 @@ def main(argv: list[str] | None = None) -> int:
           "...)", flush=True)
     if not run:
         return 0
-    from samplers.sglang_procs import LocalServers
-
     urls = list(server_urls(cfg)) + [None] * (len(cmds) - cfg.num_servers)
     servers = LocalServers(cmds, urls)
 

@@ -1,7 +1,7 @@
 """SGLang server processes started by this process: start, wait until they answer,
 relaunch one on a new checkpoint, stop them all (no orphans).
 
-Each command (`samplers.sglang_launch.LaunchCommand`) runs in a session of its own, so
+Each command (`LaunchCommand`, as `samplers.sglang_launch` builds them) runs in a session of its own, so
 stopping it stops the whole process group: SGLang's server forks scheduler and detokenizer
 processes that a signal to the parent alone would leave behind. `LocalServers.relaunch`
 is a `samplers.sglang_config.RelaunchFn`: the fleet calls it when a weight reload killed a
@@ -10,7 +10,9 @@ server (``docs/sglang.md``, section 3).
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -18,7 +20,18 @@ from typing import Sequence
 
 import httpx
 
-from samplers.sglang_launch import LaunchCommand
+
+@dataclasses.dataclass(frozen=True)
+class LaunchCommand:
+    """One process to start: extra environment variables and the argument vector."""
+
+    env: dict[str, str]
+    argv: tuple[str, ...]
+
+    def shell(self) -> str:
+        """The command as one POSIX shell line (env assignments first)."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        return (env + " " if env else "") + shlex.join(self.argv)
 
 
 def with_flag(argv: Sequence[str], flag: str, value: str) -> tuple[str, ...]:
