@@ -38,6 +38,19 @@ def _port(fake: FakeSGLangServer) -> int:
     return int(fake.url.rsplit(":", 1)[1])
 
 
+def _serve_again(port: int) -> FakeSGLangServer:
+    """A new server on ``port``, once a killed one there has let it go (a background
+    thread of `FakeSGLangServer.kill` closes it)."""
+    deadline = time.monotonic() + 10.0
+    while True:
+        try:
+            return FakeSGLangServer(port=port)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def _revive_in_outage(fleet, port: int, started: list) -> threading.Thread:
     """A server back on ``port``, with its startup weights, once ``fleet`` is waiting out
     a push that reached no server (polled; gives up after 10 s)."""
@@ -45,7 +58,7 @@ def _revive_in_outage(fleet, port: int, started: list) -> threading.Thread:
         deadline = time.monotonic() + 10.0
         while not fleet.metrics()["sglang/weight_sync_outages"] and time.monotonic() < deadline:
             time.sleep(0.01)
-        started.append(FakeSGLangServer(port=port))
+        started.append(_serve_again(port))
 
     thread = threading.Thread(target=revive, daemon=True)
     thread.start()
@@ -196,7 +209,7 @@ def test_a_reload_that_kills_the_server_relaunches_it_on_the_new_checkpoint(serv
 
     def relaunch(url, model_path, version):
         assert url == fakes[0].url
-        server = FakeSGLangServer(port=port)
+        server = _serve_again(port)
         server.load(model_path, str(version))
         relaunched.append(server)
 
