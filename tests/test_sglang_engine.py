@@ -80,7 +80,8 @@ def _engine_python() -> tuple[str, str]:
     probe = subprocess.run([python, "-c", "import sglang; print(sglang.__version__)"],
                            capture_output=True, text=True, timeout=600)
     if probe.returncode != 0:
-        pytest.skip(f"`import sglang` fails under {python}: {probe.stderr.strip()[-400:]}")
+        pytest.skip(f"`import sglang` fails under {python} (exit status {probe.returncode}): "
+                    f"{probe.stderr.strip()[-400:]}")
     if shutil.which("nvidia-smi") and "GPU" in subprocess.run(
             ["nvidia-smi", "-L"], capture_output=True, text=True).stdout:
         return python, "cuda"
@@ -140,7 +141,13 @@ def export(model: Decoder, path) -> str:
 
 
 @pytest.fixture(scope="module")
-def policies(tmp_path_factory):
+def engine_env() -> tuple[str, str]:
+    """``(interpreter, device)`` of the engine; skips first, before any model is built."""
+    return _engine_python()
+
+
+@pytest.fixture(scope="module")
+def policies(engine_env, tmp_path_factory):
     """``{version: (model, hf_dir)}``: v0 (embeddings 0.15) and v1 (0.25, sharper)."""
     out = {}
     for version, seed, scale in ((0, 100, 0.15), (1, 101, 0.25)):
@@ -157,9 +164,9 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def engine(policies, tmp_path_factory):
+def engine(engine_env, policies, tmp_path_factory):
     """``(url, LocalServers)`` of one server started on v0, stopped at module teardown."""
-    python, device = _engine_python()
+    python, device = engine_env
     cfg = SGLangLaunchConfig(
         model_path=policies[0][1], device=device, dtype="bfloat16", base_port=_free_port(),
         python=python, mem_fraction_static=0.05 if device == "cpu" else 0.2,
@@ -319,13 +326,13 @@ def test_pause_holds_requests_until_continue(fleet):
     assert len(g.response_ids) == 4
 
 
-def test_a_reload_that_kills_the_server_is_relaunched_on_the_new_checkpoint(tmp_path):
+def test_a_reload_that_kills_the_server_is_relaunched_on_the_new_checkpoint(engine_env, tmp_path):
     """The tiny Qwen2 (qkv biases): on SGLang's CPU path ``/update_weights_from_disk``
     kills the server (the repacked biases lose their ``weight_loader``). The fleet started
     it (`LocalServers`), so it relaunches it on the new checkpoint tagged version 1, and
     samples version 1 from it, matching the v1 model. On a GPU the reload succeeds and no
     relaunch is needed; the tokens are the same check."""
-    python, device = _engine_python()
+    python, device = engine_env
     qwen = ModelConfig.from_hf_config(json.loads((tiny_dir() / "config.json").read_text()))
     assert qwen.attention_bias
     models = [random_decoder(qwen, seed) for seed in (200, 201)]
