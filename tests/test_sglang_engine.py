@@ -59,12 +59,13 @@ NUM_SAMPLES = 4
 # under its limit, and the other version's model must be far off in every bin. bf16 rounds
 # weights and activations to 8-bit mantissas (relative 2^-9) in each of 4 layers, so the
 # error grows with the size of the logits, not with H alone. Measured on the CPU engine
-# (sglang 0.5.23 + the fork's CPU kernel, 2026-12-06, docs/sglang.md section 8), E[delta^2]
-# per bin [0, 2), [2, 4), [4, inf): v0 (embeddings 0.15) -, 0.032, 0.068; v1 (0.25, sharper)
-# 0.099, 0.142, -; the Qwen2 of the relaunch test 0.021, 0.058, 0.051. The limits are about
+# (sglang 0.5.23 + the fork's CPU kernel, 2026-12-06, docs/sglang.md section 8; two runs,
+# the tokens are sampled without a fixed seed) E[delta^2] per bin [0, 2), [2, 4), [4, inf):
+# v0 (embeddings 0.15) -, 0.032-0.042, 0.068-0.087; v1 (0.25, sharper) 0.099-0.123,
+# 0.142-0.176, -; the Qwen2 of the relaunch test 0.021, 0.058, 0.051. The limits are about
 # 2x the largest of them; the other version's model gives 30-140.
 ENTROPY_BINS = (0.0, 2.0, 4.0, np.inf)
-MSE_LIMIT = (0.2, 0.3, 0.15)
+MSE_LIMIT = (0.25, 0.35, 0.2)
 SEPARATION = 10.0  # the other version's E[delta^2] exceeds the limit this many times
 
 
