@@ -62,10 +62,9 @@ class Evaluator:
             tqdm.write(f"evaluating ({phase}; {sizes} examples; greedy and {k} samples each)")
         out: dict[str, Any] = {"phase": phase, "version": version, "benchmarks": {}}
         for name, examples in eval_sets.items():
-            # greedy: top-1 on the embedded sampler; SGLang refuses filters (its log-probs
-            # would not describe the filtered distribution), so a near-zero temperature there
-            argmax = (dict(temperature=1e-5) if self.cfg.sampler.kind == "sglang"
-                      else dict(top_k=1, top_p=1.0, min_p=0.0))
+            # greedy: top-1 (the SGLang fleet sends it as temperature 0: the arg-max, the
+            # same token among exact ties whatever the seed; samplers/sglang_protocol.py)
+            argmax = dict(top_k=1, top_p=1.0, min_p=0.0)
             lo, hi = self.share.split(len(examples))  # this process's examples
             greedy, sampled = [], []
             if hi > lo:

@@ -222,10 +222,15 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
     return f"entr-run: warning: {message}\n"
 
 
-def _fail(err: BaseException, debug: bool, run_dir: str | None) -> int:
+def _fail(err: BaseException, debug: bool, run_dir: str | None,
+          argv: list[str] | None = None) -> int:
     """Print ``err`` as one paragraph; the traceback to the run's error.log (unless the
-    message says it all, `errors.is_complete`) and, in debug mode, to stderr. Returns the
-    exit status (2: bad input or environment, 1: a bug)."""
+    message says it all, `errors.is_complete`) and, in debug mode, to stderr. A fleet that
+    cannot answer or take the weights (`FleetError`) also says what is saved and the
+    command that resumes (`interrupted`). Returns the exit status (2: bad input or
+    environment, 1: a bug)."""
+    from samplers.sglang_routing import FleetError
+
     tb = "".join(traceback.format_exception(err))
     log_note = ""
     if run_dir and os.path.isdir(run_dir) and not is_complete(err):
@@ -238,7 +243,10 @@ def _fail(err: BaseException, debug: bool, run_dir: str | None) -> int:
     if debug:
         print(tb, file=sys.stderr, end="")
     if is_complete(err):  # the message says it all
-        print(f"entr-run: error: {describe(err)}", file=sys.stderr)
+        resume = ""
+        if isinstance(err, FleetError) and argv is not None:
+            resume = "; " + interrupted(run_dir, argv).removeprefix("interrupted; ")
+        print(f"entr-run: error: {describe(err)}{resume}", file=sys.stderr)
     else:
         head = "error" if user else f"unexpected error ({type(err).__name__}; a bug?)"
         hint = "" if debug else " Run with --debug (or ENTR_DEBUG=1) for the traceback."
@@ -296,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit:
         raise
     except Exception as err:  # noqa: BLE001 - every failure becomes one paragraph
-        return _fail(err, debug, run_dir)
+        return _fail(err, debug, run_dir, argv)
     print(json.dumps({k: v for k, v in summary.items()
                       if k not in ("evals", "time/compilations_by_function")}, indent=2))
     if "time/phases" in summary:

@@ -27,6 +27,12 @@ must be given the model; a learner holding a bare parameter state passes its own
 ``export_fn`` that merges the state into a model first. SGLang's
 ``/update_weights_from_disk`` reloads weights only (the tokenizer of the launch stays)."""
 
+RelaunchFn = Callable[[str, str, int], None]
+"""``relaunch(url, model_path, version)``: restart the server at ``url`` (one the caller
+started itself, e.g. `samplers.sglang_procs.LocalServers.relaunch`) serving the HF
+checkpoint ``model_path`` with ``weight_version`` ``str(version)``, and return once it
+answers; raise if it cannot. The fleet calls it when a weight reload killed that server."""
+
 API_KEY_SOURCES = ("env:", "file:")
 
 
@@ -203,6 +209,8 @@ class SGLangFleetConfig(FleetPolicy):
       keep_exports: how many exported versions to keep on disk (older ones are deleted).
       export_fn: see `ExportFn`; None means ``entr_jax.model.save_pretrained`` (imported
         lazily on first use).
+      relaunch: see `RelaunchFn`; None (servers the caller did not start) = a server killed
+        by a reload is waited for like any server out of rotation.
     """
 
     FIELD_PREFIX: ClassVar[str] = "SGLangFleetConfig."
@@ -219,6 +227,7 @@ class SGLangFleetConfig(FleetPolicy):
     export_dir: str = "/tmp/entr_sglang_weights"
     keep_exports: int = 2
     export_fn: ExportFn | None = None
+    relaunch: RelaunchFn | None = None
 
     def __post_init__(self):
         super().__post_init__()
@@ -272,3 +281,6 @@ class SGLangFleetConfig(FleetPolicy):
             raise ValueError("SGLangFleetConfig.export_dir must be a non-empty path")
         if self.export_fn is not None and not callable(self.export_fn):
             raise ValueError("SGLangFleetConfig.export_fn must be callable(params, path) or None")
+        if self.relaunch is not None and not callable(self.relaunch):
+            raise ValueError("SGLangFleetConfig.relaunch must be callable(url, model_path, "
+                             "version) or None")

@@ -59,6 +59,7 @@ import re
 import shutil
 import threading
 import uuid
+import warnings
 from typing import Any, Sequence
 
 import httpx
@@ -75,7 +76,7 @@ from samplers.sglang_protocol import (
     decode_body,
 )
 from samplers.sglang_reply import COUNTER_KEYS, ReplyContext, Segment, parse_reply
-from samplers.sglang_routing import FleetError, Retryable
+from samplers.sglang_routing import FleetError, Retryable, WeightSyncError
 from samplers.sglang_workers import Workers
 
 COUNTERS = COUNTER_KEYS + (
@@ -84,7 +85,8 @@ COUNTERS = COUNTER_KEYS + (
     "servers_marked_unhealthy", "outages", "outage_waits", "weight_updates",
     "weight_update_failures", "stale_replies", "version_checks", "router_removals",
     "router_additions", "router_errors", "router_marked_unhealthy", "router_recovered",
-    "router_bypassed")
+    "router_bypassed", "weight_sync_outages", "weight_sync_recovered", "weight_update_partial",
+    "servers_relaunched", "relaunch_failures")
 """The cumulative counters of `SGLangFleet.metrics` (each as ``sglang/<name>``)."""
 
 SERVER_LEVEL_REJECTIONS = (401, 403, 404, 405)
@@ -169,7 +171,7 @@ class SGLangFleet:
 
         Raises:
           ValueError: ``version`` lower than the current one.
-          RuntimeError: no server accepted the update.
+          WeightSyncError: no server took the weights within ``outage_wait_s``.
         """
         self._check_version(version)
         path = os.path.join(self.config.export_dir, f"v{int(version)}")
@@ -187,11 +189,19 @@ class SGLangFleet:
         """Load the HF checkpoint directory ``path`` on every server, tagged ``version``.
 
         Per server: pause (abort mode), ``/update_weights_from_disk``, continue, health.
-        A server that fails is taken out of rotation and updated when re-probed.
+        A server that fails is taken out of rotation and loads the weights when re-probed;
+        sampling goes on on the others (a warning names the servers and their answers). A
+        server the push killed is relaunched with ``path`` when ``config.relaunch`` is
+        set. When no server took the weights, the push is an outage: it waits, as
+        generation does, up to ``outage_wait_s`` for a server to come back and load them.
+        Every case is counted (`metrics`: ``weight_update_failures`` per server,
+        ``weight_update_partial``, ``weight_sync_outages``, ``weight_sync_recovered``,
+        ``servers_relaunched``, ``relaunch_failures``).
 
         Raises:
           ValueError: ``path`` is not a directory or ``version`` is lower than the current.
-          RuntimeError: no server accepted the update (every error is listed).
+          WeightSyncError: (a `FleetError`) no server took the weights within
+            ``outage_wait_s``; the message names each server and what it answered.
         """
         if not os.path.isdir(path):
             raise ValueError(f"path {path!r} is not a directory")
@@ -201,8 +211,35 @@ class SGLangFleet:
             self._version = int(version)  # after the failed workers are out of rotation
             self._count("weight_updates")
             self._count("weight_update_failures", len(failed))
-            if len(failed) == len(self._workers.servers):
-                raise RuntimeError(f"weight update to version {version} failed on every server: {failed}")
+            failed = self._workers.relaunch(failed, os.path.abspath(path), int(version))
+            answers = "; ".join(f"{f.url} {f.answer}" for f in failed)
+            if failed and len(failed) < len(self._workers.servers):
+                self._count("weight_update_partial")
+                warnings.warn(
+                    f"weight push of version {version} failed on {len(failed)} of "
+                    f"{len(self._workers.servers)} SGLang servers ({answers}); they are out of "
+                    "rotation until a re-probe loads it, and sampling goes on on the others",
+                    stacklevel=2)
+            elif failed:
+                self._wait_out_push_outage(version, answers)
+
+    def _wait_out_push_outage(self, version: int, answers: str) -> None:
+        """No server took ``version``: wait for one to come back and load it (the re-probes
+        do), up to ``outage_wait_s``, or raise `WeightSyncError`."""
+        self._count("weight_sync_outages")
+        wait = self.config.outage_wait_s
+        warnings.warn(
+            f"weight push of version {version} reached no SGLang server ({answers}); waiting "
+            f"up to {wait:g} s (outage_wait_s) for one to come back and load it, re-probing "
+            f"every {self.config.reprobe_interval_s:g} s", stacklevel=3)
+        if self._routes.wait_for_worker():
+            self._count("weight_sync_recovered")
+            return
+        raise WeightSyncError(
+            f"weight push of version {version} failed: no SGLang server took it within "
+            f"outage_wait_s={wait:g} s. What they answered: {answers}. Now: "
+            f"{self._workers.pool.describe_workers()}. Nothing was trained on weights the "
+            "servers do not serve. Check the servers (docs/sglang.md), then resume")
 
     def pause(self) -> None:
         """``/pause_generation`` (mode ``in_place``) on every server."""

@@ -13,6 +13,12 @@ Usage::
     python -m samplers.sglang_launch --model-path /ckpt/qwen --gpu-ids 0 1 2 3   # print
     python -m samplers.sglang_launch --model-path /ckpt/qwen --gpu-ids 0 1 --run  # start
     python -m samplers.sglang_launch --model-path /ckpt/qwen --api-key env:SGLANG_API_KEY
+    python -m samplers.sglang_launch --model-path /ckpt/llama --device cpu --run \
+        --extra-args "--max-total-tokens 4096 --disable-overlap-schedule"
+
+``--extra-args`` takes one string of SGLang flags (split as a shell would), and may be
+given more than once; everything after a bare ``--`` is passed on too. With ``--run``,
+SIGTERM or Ctrl-C stops every process the launch started (`samplers.sglang_procs`).
 
 The API key never appears on a command line or in what is printed: ``api_key`` names
 where it is read from (``env:NAME`` or ``file:PATH``), the launcher writes it to a file
@@ -29,13 +35,15 @@ import ipaddress
 import json
 import os
 import shlex
-import subprocess
+import signal
 import sys
 import tempfile
 
 from samplers.sglang_config import check_api_key_source, read_api_key
+from samplers.sglang_procs import LaunchCommand, LocalServers
 
 KEY_FILE = "sglang_api_key.json"
+DTYPES = ("bfloat16", "float16", "float32")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +73,19 @@ class SGLangLaunchConfig:
       router_metrics_port: the router's Prometheus port (``--prometheus-port``, bound to
         ``host``); None = ``router_port + 1``. The router's own default, 0.0.0.0:29000,
         would collide with a router on port 29000 or a second router on the host.
+      dtype: ``--dtype`` of every server. Always passed: exports say float32 in their
+        config, which SGLang's ``--dtype auto`` serves as float16, and float16 serving on
+        SGLang's CPU build is numerically wrong (mean |log-prob error| 2.9 nats measured,
+        ``docs/sglang.md``); float32 crashes its CPU RMSNorm kernel. bfloat16 by default.
+      device: ``cuda`` (one server per ``tp_size`` GPUs of ``gpu_ids``, selected with
+        ``CUDA_VISIBLE_DEVICES``) or ``cpu`` (``--device cpu``, one server per entry of
+        ``gpu_ids``, which then only counts servers; SGLang's CPU engine needs Intel AMX
+        and its CPU kernel package, and 0.5.23 needs ``--attention-backend
+        torch_native``, added unless ``extra_args`` names a backend).
       extra_args: appended verbatim to every server command.
-      python: interpreter used for the commands.
+      python: interpreter used for the commands; default ``$ENTR_SGLANG_PYTHON`` (an
+        interpreter with SGLang installed, e.g. a virtual environment of its own), else
+        ``python``.
     """
 
     model_path: str
@@ -80,8 +99,11 @@ class SGLangLaunchConfig:
     deterministic: bool = False
     router_port: int | None = None
     router_metrics_port: int | None = None
+    dtype: str = "bfloat16"
+    device: str = "cuda"
     extra_args: tuple[str, ...] = ()
-    python: str = "python"
+    python: str = dataclasses.field(
+        default_factory=lambda: os.environ.get("ENTR_SGLANG_PYTHON") or "python")
 
     def __post_init__(self):
         if not self.model_path:
@@ -111,6 +133,11 @@ class SGLangLaunchConfig:
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
             raise ValueError(
                 f"SGLangLaunchConfig.mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"SGLangLaunchConfig.dtype must be one of {DTYPES}, got "
+                             f"{self.dtype!r} (auto would serve a float32 export as float16)")
+        if self.device not in ("cuda", "cpu"):
+            raise ValueError(f"SGLangLaunchConfig.device must be 'cuda' or 'cpu', got {self.device!r}")
         check_api_key_source(self.api_key, "SGLangLaunchConfig.api_key")
         if not _is_loopback(self.host) and not self.api_key:
             raise ValueError(
@@ -126,19 +153,6 @@ class SGLangLaunchConfig:
         if self.router_metrics_port is not None:
             return self.router_metrics_port
         return (self.router_port or 0) + 1
-
-
-@dataclasses.dataclass(frozen=True)
-class LaunchCommand:
-    """One process to start: extra environment variables and the argument vector."""
-
-    env: dict[str, str]
-    argv: tuple[str, ...]
-
-    def shell(self) -> str:
-        """The command as one POSIX shell line (env assignments first)."""
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
-        return (env + " " if env else "") + shlex.join(self.argv)
 
 
 def _is_loopback(host: str) -> bool:
@@ -179,6 +193,7 @@ def write_key_file(cfg: SGLangLaunchConfig) -> str | None:
         return None
     root = cfg.secrets_dir or tempfile.mkdtemp(prefix="entr-sglang-")
     os.makedirs(root, mode=0o700, exist_ok=True)
+    os.chmod(root, 0o700)  # also a folder that was there before
     path = os.path.join(root, KEY_FILE)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -194,7 +209,12 @@ def server_commands(cfg: SGLangLaunchConfig, key_file: str | None = None) -> lis
     for i in range(cfg.num_servers):
         gpus = cfg.gpu_ids[i * cfg.tp_size:(i + 1) * cfg.tp_size]
         argv = [cfg.python, "-m", "sglang.launch_server", "--model-path", cfg.model_path,
-                "--host", cfg.host, "--port", str(cfg.base_port + i), "--tp-size", str(cfg.tp_size)]
+                "--host", cfg.host, "--port", str(cfg.base_port + i), "--tp-size", str(cfg.tp_size),
+                "--dtype", cfg.dtype]
+        if cfg.device == "cpu":
+            argv += ["--device", "cpu"]
+            if not any(a.startswith("--attention-backend") for a in cfg.extra_args):
+                argv += ["--attention-backend", "torch_native"]
         if key_file:
             argv += ["--config", key_file]
         if cfg.mem_fraction_static is not None:
@@ -202,8 +222,9 @@ def server_commands(cfg: SGLangLaunchConfig, key_file: str | None = None) -> lis
         if cfg.deterministic:
             argv.append("--enable-deterministic-inference")
         argv += list(cfg.extra_args)
-        cmds.append(LaunchCommand(env={"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))},
-                                  argv=tuple(argv)))
+        env = ({"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))} if cfg.device == "cuda"
+               else {"SGLANG_USE_CPU_ENGINE": "1"})  # SGLang's CPU-server docs require it
+        cmds.append(LaunchCommand(env=env, argv=tuple(argv)))
     return cmds
 
 
@@ -243,17 +264,51 @@ def run_router(argv: list[str]) -> int:
     return 0
 
 
+def split_extra_args(args: list[str]) -> tuple[list[str], tuple[str, ...]]:
+    """``(the other arguments, the SGLang flags)`` of a command line: each
+    ``--extra-args STRING`` (or ``--extra-args=STRING``) is split as a shell would split
+    it, and everything after a bare ``--`` is taken as it is.
+
+    Raises:
+      SystemExit: ``--extra-args`` without a value.
+    """
+    rest, extra = [], []
+    if "--" in args:
+        extra_tail = args[args.index("--") + 1:]
+        args = args[:args.index("--")]
+    else:
+        extra_tail = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--extra-args":
+            if i + 1 >= len(args):
+                raise SystemExit("--extra-args needs a value: one string of SGLang flags, e.g. "
+                                 '--extra-args "--max-total-tokens 4096 --disable-overlap-schedule"')
+            extra += shlex.split(args[i + 1])
+            i += 2
+            continue
+        if a.startswith("--extra-args="):
+            extra += shlex.split(a.split("=", 1)[1])
+        else:
+            rest.append(a)
+        i += 1
+    return rest, tuple(extra + extra_tail)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """CLI: print the commands (default) or start them and wait (``--run``); ``router``
-    starts the router with its key file (`run_router`)."""
+    """CLI: print the commands (default) or start them and wait (``--run``; SIGTERM or
+    Ctrl-C stops every process it started); ``router`` starts the router with its key
+    file (`run_router`)."""
     import tyro
 
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["router"]:
         return run_router(args[1:])
     run = "--run" in args
-    args = [a for a in args if a != "--run"]
+    args, extra = split_extra_args([a for a in args if a != "--run"])
     cfg = tyro.cli(SGLangLaunchConfig, args=args)
+    cfg = dataclasses.replace(cfg, extra_args=tuple(cfg.extra_args) + extra)
     key_file = write_key_file(cfg)
     cmds = all_commands(cfg, key_file)
     for c in cmds:
@@ -261,16 +316,24 @@ def main(argv: list[str] | None = None) -> int:
     router = f", router_url={router_url(cfg)!r}" if cfg.router_port is not None else ""
     key = f", api_key=<the key of {cfg.api_key}>" if cfg.api_key else ""
     print(f"# fleet client: SGLangFleetConfig(server_urls={server_urls(cfg)!r}{router}{key}, "
-          "...)")
+          "...)", flush=True)
     if not run:
         return 0
-    procs = [subprocess.Popen(list(c.argv), env={**os.environ, **c.env}) for c in cmds]
+    urls = list(server_urls(cfg)) + [None] * (len(cmds) - cfg.num_servers)
+    servers = LocalServers(cmds, urls)
+
+    def on_sigterm(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        return max(p.wait() for p in procs)
+        servers.start()
+        return servers.wait()
     except KeyboardInterrupt:
-        for p in procs:
-            p.terminate()
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        servers.stop()
 
 
 if __name__ == "__main__":

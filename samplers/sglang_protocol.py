@@ -40,19 +40,28 @@ class MalformedResponse(ValueError):
     """A ``/generate`` reply that cannot be used at all (the request is retried)."""
 
 
+def is_greedy(params: SamplingParams) -> bool:
+    """``top_k == 1`` (with ``top_p == 1`` and ``min_p == 0``): greedy decoding."""
+    return params.top_k == 1 and params.top_p == 1.0 and params.min_p == 0.0
+
+
 def check_params_supported(params: SamplingParams) -> None:
-    """Refuse sampling filters whose log-probs SGLang does not report.
+    """Refuse sampling filters whose log-probs SGLang does not report; ``top_k=1`` alone
+    (greedy decoding, `is_greedy`) is allowed.
 
     Raises:
-      ValueError: naming the field when ``top_p < 1``, ``top_k != -1`` or ``min_p > 0``.
+      ValueError: naming the field when ``top_p < 1``, ``top_k`` other than -1 or 1, or
+        ``min_p > 0``.
     """
+    if is_greedy(params):
+        return
     for name, off in (("top_p", 1.0), ("top_k", -1), ("min_p", 0.0)):
         if getattr(params, name) != off:
             raise ValueError(
                 f"SamplingParams.{name}={getattr(params, name)} is not supported by the SGLang "
                 "fleet: SGLang reports log-probs of the temperature-scaled distribution before "
                 f"top-k/top-p/min-p filtering, so logp_mu would not be the sampled policy. "
-                f"Use {name}={off}."
+                f"Use {name}={off} (or top_k=1 alone for greedy decoding)."
             )
 
 
@@ -64,9 +73,14 @@ def build_generate_payload(
     sampling_seed: int | None,
     rid: str,
 ) -> dict[str, Any]:
-    """The JSON body of one ``/generate`` call (one prompt, one sample, no streaming)."""
+    """The JSON body of one ``/generate`` call (one prompt, one sample, no streaming).
+
+    Greedy decoding (`is_greedy`) is sent as ``temperature`` 0 with ``top_k`` 1: SGLang then
+    takes the arg-max (the first of exactly tied tokens, so the same token whatever the
+    seed), and reports log-probs at temperature 1. A tiny temperature instead would sample
+    among exact ties, which bf16 logits (a 1/32-nat grid) make common."""
     sampling: dict[str, Any] = {
-        "temperature": float(params.temperature),
+        "temperature": 0.0 if is_greedy(params) else float(params.temperature),
         "top_p": float(params.top_p),
         "top_k": int(params.top_k),
         "min_p": float(params.min_p),

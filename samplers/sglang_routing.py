@@ -24,6 +24,12 @@ class FleetError(RuntimeError):
     within the outage wait. The message names each server and what it answered."""
 
 
+class WeightSyncError(FleetError):
+    """A weight push that no SGLang server took, even after waiting ``outage_wait_s`` for
+    one to come back and load it: the run must stop rather than train on weights that no
+    server samples from. The message names each server and what it answered."""
+
+
 class Server:
     """Routing state of one server (all fields guarded by the pool's condition)."""
 
@@ -151,12 +157,51 @@ class ServerPool:
             if server_level and server.healthy:
                 self._set_unhealthy(server)
 
-    def mark_unhealthy(self, server: Server) -> None:
-        """Take ``server`` out of rotation now (e.g. it missed a weight update)."""
+    def mark_unhealthy(self, server: Server, error: str | None = None) -> None:
+        """Take ``server`` out of rotation now (e.g. it missed a weight update; ``error``
+        says what it answered)."""
         with self.cond:
+            if error is not None:
+                server.last_error = error
             if server.healthy:
                 self._set_unhealthy(server)
             server.next_probe = time.monotonic() + self._reprobe_interval_s
+
+    def mark_healthy(self, server: Server) -> None:
+        """Put ``server`` back in rotation now (e.g. relaunched with the newest weights)."""
+        with self.cond:
+            if not server.healthy:
+                server.healthy, server.failures = True, 0
+                self.counters["servers_recovered"] += 1
+            server.last_error = None
+            self.cond.notify_all()
+
+    def note_error(self, server: Server, error: str) -> None:
+        """Record what ``server`` answered last (named when an outage is reported)."""
+        with self.cond:
+            server.last_error = error
+
+    def wait_for_worker(self) -> bool:
+        """Wait (re-probing in the background) until a worker is in rotation, up to
+        ``outage_wait_s``; False if none came back. A worker that missed the newest weight
+        push loads it in its re-probe before it rejoins (`Workers.probe`)."""
+        deadline = time.monotonic() + self._outage_wait_s
+        with self.cond:
+            while True:
+                self._start_due_probes()
+                if any(s.healthy for s in self.servers):
+                    return True
+                now = time.monotonic()
+                if now >= deadline:
+                    return False
+                due = min((s.next_probe for s in self.servers if not s.probing),
+                          default=deadline)
+                self.cond.wait(timeout=max(0.001, min(deadline, due) - now))
+
+    def describe_workers(self) -> str:
+        """Each worker's URL and what it last answered (for error messages)."""
+        with self.cond:
+            return self._describe(self.servers)
 
     def poll(self) -> None:
         """Start the background re-probes that are due (`acquire` does this too)."""

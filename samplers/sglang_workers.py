@@ -15,6 +15,7 @@ would let one reply mix tokens of two weight versions under a single ``weight_ve
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 
 import httpx
 
@@ -22,6 +23,22 @@ from samplers.sglang_config import SGLangFleetConfig
 from samplers.sglang_protocol import parse_weight_version
 from samplers.sglang_router import RouterControl, VersionWatch
 from samplers.sglang_routing import Server, ServerPool
+
+
+@dataclasses.dataclass(frozen=True)
+class PushFailure:
+    """A worker that did not take a weight push.
+
+    Attributes:
+      url: the worker.
+      answer: the first thing that failed and what it answered (route, error).
+      died: the connection broke during ``/update_weights_from_disk`` (the reload killed
+        the server, or it died meanwhile): a relaunch may bring it back.
+    """
+
+    url: str
+    answer: str
+    died: bool = False
 
 
 class Workers:
@@ -69,35 +86,78 @@ class Workers:
                                f"{self.router.url} (SGLangFleetConfig.router_url): {e!r}") from None
         self._router_checked = True
 
-    def update_all(self, path: str, version: int) -> list[tuple[str, str]]:
+    def update_all(self, path: str, version: int) -> list[PushFailure]:
         """Load ``path`` as ``version`` on every worker in parallel; the ones that fail are
-        taken out (and caught up when re-probed). Returns ``[(url, error)]`` of failures."""
+        taken out (and caught up when re-probed). Returns the failures."""
         with cf.ThreadPoolExecutor(len(self.servers)) as control_pool:
-            errors = list(control_pool.map(lambda s: self.update_one(s, path, version),
-                                           self.servers))
+            results = list(control_pool.map(lambda s: self.update_one(s, path, version),
+                                            self.servers))
         self.latest = (path, int(version))
-        failed = [(s.url, e) for s, e in zip(self.servers, errors) if e is not None]
-        for s, e in zip(self.servers, errors):
-            if e is not None:
-                self.take_out(s)
+        failed = [r for r in results if r is not None]
+        for s, r in zip(self.servers, results):
+            if r is not None:
+                self.take_out(s, r.answer)
         return failed
 
-    def update_one(self, server: Server, path: str, version: int) -> str | None:
-        """Pause, load ``path`` as ``version``, continue, health-check one worker; error or None."""
+    def update_one(self, server: Server, path: str, version: int) -> PushFailure | None:
+        """Pause, load ``path`` as ``version``, continue, health-check one worker; None when
+        it took the weights, else what it answered first (`PushFailure`)."""
+        def fail(route: str, e: Exception) -> PushFailure:
+            return PushFailure(server.url, f"{route}: {type(e).__name__}: {e}",
+                               died=route == "/update_weights_from_disk"
+                               and isinstance(e, httpx.TransportError))
+
         try:
             self.control(server, "POST", "/pause_generation", {"mode": "abort"})
-            try:
-                body = self.control(server, "POST", "/update_weights_from_disk", {
-                    "model_path": path, "weight_version": str(int(version)),
-                    "flush_cache": True, "abort_all_requests": True}).json()
-                if not isinstance(body, dict) or body.get("success") is not True:
-                    raise RuntimeError(f"update_weights_from_disk failed: {body!r}")
-            finally:
-                self.control(server, "POST", "/continue_generation", {})
-            self.control(server, "GET", "/health_generate")
-            return None
+        except (httpx.HTTPError, RuntimeError) as e:
+            return fail("/pause_generation", e)
+        failure = None
+        try:
+            body = self.control(server, "POST", "/update_weights_from_disk", {
+                "model_path": path, "weight_version": str(int(version)),
+                "flush_cache": True, "abort_all_requests": True}).json()
+            if not isinstance(body, dict) or body.get("success") is not True:
+                raise RuntimeError(f"update_weights_from_disk failed: {body!r}")
         except (httpx.HTTPError, ValueError, RuntimeError) as e:
-            return f"{type(e).__name__}: {e}"
+            failure = fail("/update_weights_from_disk", e)
+        try:  # always, also after a failed load
+            self.control(server, "POST", "/continue_generation", {})
+            if failure is None:
+                self.control(server, "GET", "/health_generate")
+        except (httpx.HTTPError, RuntimeError) as e:
+            failure = failure or fail("/continue_generation or /health_generate", e)
+        return failure
+
+    def relaunch(self, failures: list[PushFailure], path: str, version: int) -> list[PushFailure]:
+        """Restart, with ``config.relaunch`` and the checkpoint ``path`` tagged ``version``,
+        every worker the push killed (``died``); a relaunched worker that reports
+        ``version`` is back in rotation. Returns the failures that remain (a relaunch that
+        failed says so in its answer). Without ``config.relaunch`` nothing changes."""
+        if self.config.relaunch is None:
+            return failures
+        left = []
+        for f in failures:
+            if not f.died:
+                left.append(f)
+                continue
+            server = next(s for s in self.servers if s.url == f.url)
+            try:
+                self.config.relaunch(f.url, path, int(version))
+                got = self.read_version(server)
+                if got != int(version):
+                    raise RuntimeError(f"relaunched, but it serves version {got}")
+            except Exception as e:  # noqa: BLE001 - a relaunch that fails is reported, not raised
+                self.pool.count("relaunch_failures")
+                answer = f"{f.answer}; relaunch failed: {type(e).__name__}: {e}"
+                self.pool.note_error(server, answer)
+                left.append(dataclasses.replace(f, answer=answer))
+                continue
+            self.pool.count("servers_relaunched")
+            self.pool.mark_healthy(server)
+            if self.router is not None and self.pool.router.healthy:
+                self.router.add(server.url)
+                self.pool.count("router_additions")
+        return left
 
     def probe(self, server: Server) -> bool:
         """Re-probe of a server out of rotation; True brings it back.
@@ -113,9 +173,11 @@ class Workers:
                     out = [s.url for s in self.servers if not s.healthy]
                 self.router.check_members(self.config.server_urls, out_of_rotation=out)
                 return self.router.serves()
-            version, latest = self.read_version(server), self.latest
-            if latest is not None and version < latest[1]:
-                if self.update_one(server, *latest) is not None:
+            latest = self.latest
+            if latest is not None and self.behind(server, latest[1]):
+                failure = self.update_one(server, *latest)
+                if failure is not None:
+                    self.pool.note_error(server, failure.answer)
                     return False
             else:
                 self.control(server, "GET", "/health_generate")
@@ -126,14 +188,24 @@ class Workers:
         except (httpx.HTTPError, ValueError, RuntimeError, AttributeError):
             return False
 
+    def behind(self, server: Server, version: int) -> bool:
+        """Whether ``server`` serves weights older than ``version``: a lower version, or
+        its startup weights (``"default"``: a server restarted after a push, even of the
+        version ``initial_version`` names, does not serve what was pushed)."""
+        raw = self.control(server, "GET", "/get_model_info").json().get("weight_version")
+        if raw is None or raw == "default":
+            return True
+        return parse_weight_version(raw, self.config.initial_version) < version
+
     def read_version(self, server: Server) -> int:
         """The integer version of the weights ``server`` has loaded (``/get_model_info``)."""
         info = self.control(server, "GET", "/get_model_info").json()
         return parse_weight_version(info.get("weight_version"), self.config.initial_version)
 
-    def take_out(self, server: Server) -> None:
-        """Out of rotation until a re-probe catches it up (and out of the router, if any)."""
-        self.pool.mark_unhealthy(server)
+    def take_out(self, server: Server, error: str | None = None) -> None:
+        """Out of rotation until a re-probe catches it up (and out of the router, if any);
+        ``error`` is what it answered."""
+        self.pool.mark_unhealthy(server, error)
         if self.router is not None and self.pool.router.healthy:  # else: when it is back
             try:
                 self.router.remove(server.url)

@@ -46,6 +46,10 @@ another request), ``"prompt_mismatch"`` (``prompt_tokens`` one more than the pro
 ``"bad_entropy"`` (``output_token_entropy`` of -1 and 1e6) and ``"negative_version"``
 (``weight_version`` "-1"). While ``unavailable`` is set, every route answers 503 (an
 outage: the server is up but serves nothing, health checks included).
+``update_faults`` are queued the same way, one consumed per ``/update_weights_from_disk``:
+``"401"``, ``"500"`` (``"OOM while loading"``) and ``"503"`` answer that status with
+``success: false``; ``"die"`` kills the server during the reload, as SGLang's CPU path
+does for a model with qkv biases (`FakeSGLangServer.kill`).
 With ``engine_entropy = True`` replies also carry ``meta_info["output_token_entropy"]``
 (the exact entropy per token), as a server patched to report it would.
 """
@@ -99,6 +103,7 @@ class FakeSGLangServer:
         self.pause_wait_s = pause_wait_s  # longest a request waits for /continue_generation
         self.engine_entropy = False  # True: also report meta_info["output_token_entropy"]
         self.faults: collections.deque[str | None] = collections.deque()
+        self.update_faults: collections.deque[str | None] = collections.deque()
         self.weights_seed = 0
         self.weight_version = "default"
         self.model_path = "/fake/initial"
@@ -207,6 +212,16 @@ class FakeSGLangServer:
         if route == ("POST", "/abort_request"):
             return self._send(req, 200, None)
         if route == ("POST", "/update_weights_from_disk"):
+            with self.lock:
+                fault = self.update_faults.popleft() if self.update_faults else None
+            if fault == "die":  # the reload kills the server (SGLang's CPU path with biases)
+                self.kill()
+                req.close_connection = True
+                return
+            if fault in ("401", "500", "503"):
+                return self._send(req, int(fault), {"success": False, "message": {
+                    "401": "Unauthorized", "500": "OOM while loading",
+                    "503": "Service Unavailable"}[fault], "num_paused_requests": 0})
             path = body.get("model_path")
             if not isinstance(path, str) or not os.path.isdir(path):
                 return self._send(req, 400, {"success": False, "message": f"bad model_path {path!r}",
@@ -290,6 +305,11 @@ class FakeSGLangServer:
                 pass
         threading.Thread(target=self.stop, daemon=True).start()
 
+    def load(self, path: str, version: str) -> None:
+        """Serve the weights of ``path`` as ``version`` (a server started on them)."""
+        with self.state:
+            self.weights_seed, self.model_path, self.weight_version = dir_seed(path), path, version
+
     def restart(self) -> None:
         """Forget the loaded weights, as a restarted server does (startup weights, ``"default"``)."""
         with self.state:
@@ -322,9 +342,13 @@ class FakeSGLangServer:
             if self._abort_epoch != epoch:  # paused with mode "abort": end here
                 finish = {"type": "abort", "message": "Abort due to pause_generation", "status_code": 503}
                 break
-            lp = toy_logprobs(ids[-1], weights_seed, temperature)
             pos = len(ids)
-            tok = int(np.random.default_rng([seed, pos]).choice(VOCAB, p=np.exp(lp) / np.exp(lp).sum()))
+            if temperature < 1e-6:  # SGLang: greedy, the arg-max at temperature 1
+                lp = toy_logprobs(ids[-1], weights_seed, 1.0)
+                tok = int(np.argmax(lp))
+            else:
+                lp = toy_logprobs(ids[-1], weights_seed, temperature)
+                tok = int(np.random.default_rng([seed, pos]).choice(VOCAB, p=np.exp(lp) / np.exp(lp).sum()))
             ids.append(tok)
             out.append(tok)
             triples.append([float(lp[tok]), tok, None])
@@ -402,3 +426,30 @@ def generate_with(fakes, **cfg):
 
     with SGLangFleet(fleet_config(fakes, **cfg)) as fleet:
         return fleet.generate(PROMPTS, sampling_params(), num_samples=2), fleet.metrics()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m tests.sglang_fake_server --port P [--model-path DIR] [--weight-version V]
+    [--die-on-update]``: one fake server as a process of its own (as
+    `samplers.sglang_procs.LocalServers` starts SGLang's), serving until killed;
+    ``--die-on-update`` makes its first ``/update_weights_from_disk`` kill it."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--model-path")
+    parser.add_argument("--weight-version", default="default")
+    parser.add_argument("--die-on-update", action="store_true")
+    args = parser.parse_args(argv)
+    server = FakeSGLangServer(port=args.port)
+    if args.model_path:
+        server.load(args.model_path, args.weight_version)
+    if args.die_on_update:
+        server.update_faults.append("die")
+    while not server.dead:
+        time.sleep(0.05)
+    os._exit(1)  # as a killed server does
+
+
+if __name__ == "__main__":
+    main()

@@ -19,6 +19,7 @@ from samplers.sglang_fleet import SGLangFleet
 from samplers.sglang_launch import (
     SGLangLaunchConfig, all_commands, main, router_url, server_urls, write_key_file)
 from samplers.sglang_protocol import build_generate_payload, parse_weight_version
+from samplers.sglang_routing import WeightSyncError
 from tests.sglang_fake_server import (
     K, PROMPTS, VOCAB, FakeSGLangServer, fleet_config as _cfg, sampling_params, toy_logprobs)
 
@@ -136,9 +137,25 @@ def test_weight_version_parsing():
 
 def test_filters_refused(servers):
     with SGLangFleet(_cfg(servers(1))) as fleet:
-        for kw in (dict(top_p=0.9), dict(top_k=5), dict(min_p=0.1)):
+        for kw in (dict(top_p=0.9), dict(top_k=5), dict(min_p=0.1), dict(top_k=1, top_p=0.5)):
             with pytest.raises(ValueError, match=next(iter(kw))):
                 fleet.generate(PROMPTS, SamplingParams(**kw))
+
+
+def test_greedy_is_sent_as_temperature_zero_and_ignores_the_seed(servers):
+    """``top_k=1`` is greedy decoding: sent as temperature 0 with top_k 1 (SGLang's arg-max,
+    the first of exact ties), so every seed gives the arg-max tokens of the toy model."""
+    fakes = servers(1)
+    with SGLangFleet(_cfg(fakes)) as fleet:
+        runs = [fleet.generate([[3]], SamplingParams(temperature=0.7, top_k=1, max_new_tokens=5,
+                                                     seed=seed))[0][0] for seed in range(4)]
+    sp = fakes[0].generate_bodies[0]["sampling_params"]
+    assert (sp["temperature"], sp["top_k"], sp["top_p"], sp["min_p"]) == (0.0, 1, 1.0, 0.0)
+    seq, want = [3], []
+    for _ in range(5):
+        want.append(int(np.argmax(toy_logprobs(seq[-1], 0, 1.0))))
+        seq.append(want[-1])
+    assert all(g.response_ids.tolist() == want for g in runs)
 
 
 # ---------------------------------------------------------------- sampling semantics
@@ -379,11 +396,11 @@ def test_restarted_server_is_taken_out_and_caught_up(servers, tmp_path):
 
 def test_weight_update_fails_everywhere_raises(servers, tmp_path):
     fakes = servers(1)
-    with SGLangFleet(_cfg(fakes)) as fleet:
+    with SGLangFleet(_cfg(fakes, outage_wait_s=0.3)) as fleet:
         with pytest.raises(ValueError, match="not a directory"):
             fleet.update_weights_from_path(str(tmp_path / "missing"), 1)
         fakes[0].stop()
-        with pytest.raises(RuntimeError, match="every server"):
+        with pytest.raises(WeightSyncError, match="no SGLang server took it within outage_wait_s"):
             fleet.update_weights_from_path(str(tmp_path), 1)
 
 
@@ -425,7 +442,7 @@ def test_launch_commands(tmp_path, monkeypatch, capsys):
     assert [c.env for c in cmds] == [{"CUDA_VISIBLE_DEVICES": "0,1"}, {"CUDA_VISIBLE_DEVICES": "2,3"}, {}]
     assert list(cmds[1].argv) == [
         "python", "-m", "sglang.launch_server", "--model-path", "/ckpt/m", "--host", "127.0.0.1",
-        "--port", "31001", "--tp-size", "2", "--config", key_file]
+        "--port", "31001", "--tp-size", "2", "--dtype", "bfloat16", "--config", key_file]
     assert list(cmds[2].argv) == [
         "python", "-m", "samplers.sglang_launch", "router", "--key-file", key_file,
         "--worker-urls", "http://127.0.0.1:31000", "http://127.0.0.1:31001", "--host",
@@ -452,6 +469,78 @@ def test_launch_commands(tmp_path, monkeypatch, capsys):
     assert key not in str(e.value)
     with pytest.raises(ValueError, match="tp_size"):
         SGLangLaunchConfig(model_path="/m", gpu_ids=(0, 1, 2), tp_size=2)
+    with pytest.raises(ValueError, match="float16"):
+        SGLangLaunchConfig(model_path="/m", dtype="auto")
+
+
+def test_launch_on_cpu_carries_several_flags_and_the_dtype(tmp_path, capsys, monkeypatch):
+    """``--extra-args`` takes one string of several SGLang flags (and may repeat; a bare
+    ``--`` passes the rest on); the dtype is always explicit (bfloat16, never SGLang's
+    auto, which serves a float32 export as float16); ``--device cpu`` sets no GPUs and the
+    attention backend 0.5.23 needs there; the interpreter is ``$ENTR_SGLANG_PYTHON``; an
+    existing secrets folder is made private."""
+    monkeypatch.setenv("ENTR_SGLANG_PYTHON", "/opt/sgl/bin/python")
+    monkeypatch.setenv("ENTR_TEST_LAUNCH_KEY", "k3y")
+    secrets = tmp_path / "secrets"
+    secrets.mkdir(mode=0o755)
+    os.chmod(secrets, 0o755)
+    assert main(["--model-path", "/ckpt/m", "--device", "cpu", "--gpu-ids", "0", "1",
+                 "--extra-args", "--max-total-tokens 4096 --disable-overlap-schedule",
+                 "--api-key", "env:ENTR_TEST_LAUNCH_KEY", "--secrets-dir", str(secrets),
+                 "--extra-args=--mem-fraction-static 0.2", "--", "--log-level", "debug"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    key_file = str(secrets / "sglang_api_key.json")
+    assert lines[1] == (
+        "SGLANG_USE_CPU_ENGINE=1 /opt/sgl/bin/python -m sglang.launch_server --model-path /ckpt/m --host 127.0.0.1 "
+        f"--port 30001 --tp-size 1 --dtype bfloat16 --device cpu --attention-backend torch_native "
+        f"--config {key_file} --max-total-tokens 4096 --disable-overlap-schedule "
+        "--mem-fraction-static 0.2 --log-level debug")
+    assert os.stat(secrets).st_mode & 0o777 == 0o700
+    cfg = SGLangLaunchConfig(model_path="/m", device="cpu", dtype="float16",
+                             extra_args=("--attention-backend", "intel_amx"))
+    (cmd,) = all_commands(cfg)
+    assert cmd.env == {"SGLANG_USE_CPU_ENGINE": "1"} and cmd.argv.count("--attention-backend") == 1
+    assert cmd.argv[cmd.argv.index("--dtype") + 1] == "float16"
+    with pytest.raises(SystemExit, match="--extra-args needs a value"):
+        main(["--model-path", "/m", "--extra-args"])
+
+
+def test_sigterm_to_launch_run_stops_every_server_process(tmp_path):
+    """``sglang_launch --run`` killed with SIGTERM stops each server and the processes the
+    server started (SGLang forks its scheduler): no orphan is left."""
+    import signal
+    import subprocess
+    import sys
+
+    fake = tmp_path / "fake_python"
+    fake.write_text("#!/bin/sh\nsleep 600 &\necho $$ $! >> " + str(tmp_path / "pids") +
+                    "\nwait\n")
+    fake.chmod(0o755)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "samplers.sglang_launch", "--model-path", "/m", "--device", "cpu",
+         "--gpu-ids", "0", "1", "--python", str(fake), "--run"],
+        stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    deadline = time.monotonic() + 60
+    pids_file = tmp_path / "pids"
+    while time.monotonic() < deadline and (
+            not pids_file.exists() or len(pids_file.read_text().split()) < 4):
+        time.sleep(0.1)
+    pids = [int(p) for p in pids_file.read_text().split()]
+    assert len(pids) == 4  # two servers, each with a child
+    launcher.send_signal(signal.SIGTERM)
+    assert launcher.wait(timeout=60) == 130
+
+    def alive(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().split(")")[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    assert [p for p in pids if alive(p)] == []
 
 
 def test_the_router_entry_sets_the_key_from_its_file(tmp_path, monkeypatch):
