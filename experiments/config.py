@@ -8,6 +8,7 @@ validation happens when a config is built and errors name the field.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -293,7 +294,12 @@ def with_field_defaults(saved: dict[str, Any]) -> dict[str, Any]:
                 out[key] = fill(out[key], value)
         return out
 
-    return fill(saved, json.loads(RunConfig().to_json()))
+    return fill(saved, json.loads(_default_json()))
+
+
+@functools.lru_cache(maxsize=1)
+def _default_json() -> str:
+    return RunConfig().to_json()
 
 
 def _with_saved(current: Any, saved: dict[str, Any], prefix: str) -> Any:

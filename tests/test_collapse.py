@@ -54,6 +54,9 @@ def test_collapse_met_when_all_three_conditions_hold(tmp_path, capsys):
     assert (r["b"], r["c"], r["collapses"]) == (True, True, "yes")
     assert "| grpo_async | 0.0001 | 24 | 6 | 5 | 0.80 | +0.050 | +0.0010 |" in format_rows(rows)
     assert main([str(tmp_path)]) == 0 and "| yes | yes | yes | yes |" in capsys.readouterr().out
+    # judged over seeds 0-2 only: gaps 0.35, 0.25, 0.15 (mean 0.25), all three drop
+    (r3,) = collapse_rows(load_runs(tmp_path), seeds=[0, 1, 2])
+    assert r3["seeds"] == [0, 1, 2] and r3["drop"] == 1.0 and r3["gap"][0] == pytest.approx(0.25)
 
 
 @pytest.mark.parametrize("after, fails", [

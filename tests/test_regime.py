@@ -132,3 +132,17 @@ def test_gnorm_max_is_the_largest_update_of_a_step_when_recorded(tmp_path):
     runs = {r.path.name: r for r in load_runs(tmp_path)}
     assert indicators(runs["old"])["gnorm_max"] == 0.4
     assert indicators(runs["new"])["gnorm_max"] == 2.5
+
+
+def test_a_run_older_than_a_field_pairs_with_a_new_run_at_its_default(tmp_path):
+    """A run reused from an older sweep lacks fields added since (here the fleet's outage
+    wait); it reads as their defaults, so it pairs with a new run that has the default and
+    not with one given another value (failed before: the missing field split the setting)."""
+    _run(tmp_path, "sync_old", "sync", 0, 0.30)
+    for name, wait in (("async_new", 900.0), ("async_other", 60.0)):
+        _run(tmp_path, name, "simulated", 0, 0.20)
+        cfg = json.loads((tmp_path / name / "config.json").read_text())
+        cfg["sampler"]["fleet"] = {"outage_wait_s": wait}
+        (tmp_path / name / "config.json").write_text(json.dumps(cfg))
+    rows = regime_rows(load_runs(tmp_path))
+    assert len(rows) == 1 and rows[0]["gap"][0] == pytest.approx(-0.10)

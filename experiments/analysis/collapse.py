@@ -22,7 +22,7 @@ Unfinished runs are left out.
 
 Usage::
 
-    python -m experiments.analysis.collapse runs/collapse_pilot [--json OUT.json]
+    python -m experiments.analysis.collapse runs/collapse_pilot [--seeds 0 1 2 3 4] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -58,12 +58,14 @@ def _gain(run: Run, key: str) -> float:
     return _get(run, f"{key}_after") - _get(run, f"{key}_before")
 
 
-def collapse_rows(runs: Iterable[Run]) -> list[dict[str, Any]]:
+def collapse_rows(runs: Iterable[Run], seeds: Iterable[int] | None = None) -> list[dict[str, Any]]:
     """One row per (stale method, setting, inter, intra) with a sync run of the same setting
     on a common seed: ``method, lr, inter, intra, seeds, drop, sync_gain_acc,
     sync_gain_ref, stale_gain_acc, gap`` (``gap``: ``(mean, half_width, n)``), the three
-    conditions ``a, b, c`` and ``collapses`` (module docstring)."""
-    runs = [r for r in runs if r.summary is not None]
+    conditions ``a, b, c`` and ``collapses`` (module docstring). ``seeds``: only these
+    seeds (e.g. the stage the criterion is judged on); None = every seed."""
+    keep = None if seeds is None else set(seeds)
+    runs = [r for r in runs if r.summary is not None and (keep is None or r.seed in keep)]
     sync = [r for r in runs if r.config["staleness"]["mode"] == "sync"]
     groups: dict[tuple, list[Run]] = {}
     for r in runs:
@@ -117,10 +119,12 @@ def main(argv: list[str] | None = None) -> int:
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", help="a sweep output directory (every run below it is read)")
+    p.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="judge over these seeds only (default: every seed)")
     p.add_argument("--json", help="also write the rows to this JSON file")
     args = p.parse_args(argv)
     try:
-        rows = collapse_rows(load_runs(args.runs))
+        rows = collapse_rows(load_runs(args.runs), args.seeds)
     except FileNotFoundError as err:
         print(f"collapse: error: {err}", file=sys.stderr)
         return 2
