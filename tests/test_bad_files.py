@@ -178,7 +178,9 @@ def test_a_data_folder_that_does_not_exist_is_refused(tmp_path, entr_run, monkey
     assert "unset ENTR_DATA_DIR" in err
 
 
-def test_a_data_file_found_nowhere_shows_its_fix_without_debug(tmp_path, entr_run, monkeypatch):
+def test_a_data_file_found_nowhere_shows_its_fix_without_debug(tmp_path, entr_run, monkeypatch,
+                                                              unpackaged):
+    unpackaged("gsm8k/test.jsonl")
     monkeypatch.delenv("ENTR_DATA_DIR", raising=False)
     monkeypatch.setenv("ENTR_DATA_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("ENTR_DATA_OFFLINE", "1")

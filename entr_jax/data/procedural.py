@@ -18,10 +18,19 @@ def reasoning_gym_source(
 
     ``answer`` is reasoning-gym's answer string; the task's metadata is kept under
     ``metadata`` (use reasoning-gym's own ``score_answer`` for non-numeric tasks).
+
+    Raises:
+      ImportError: reasoning-gym is not installed; the message names the ``study`` extra.
     """
     if size < 1:
         raise ValueError(f"reasoning_gym_source: size must be >= 1, got {size}")
-    import reasoning_gym
+    try:
+        import reasoning_gym
+    except ImportError as e:  # a plain install: the extra is missing
+        raise ImportError(
+            f"data source reasoning_gym/{task} needs the reasoning-gym package, which a plain "
+            "install leaves out: pip install 'entr-jax[study]' (from a clone: pip install "
+            "'.[study]'; the dev extra has it too)") from e
 
     dataset = reasoning_gym.create_dataset(task, size=size, seed=seed, **task_kwargs)
     return [
