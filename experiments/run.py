@@ -192,11 +192,8 @@ def parse(argv: list[str] | None = None) -> tuple[RunConfig, CliOptions]:
                 saved_cfg = default.with_saved(saved_json)
             except (OSError, ValueError) as err:
                 raise ConfigError(f"cannot resume from {saved}: {err}") from None
-            started = saved_json.get("name")
-            if name and started in PRESETS and started != name:
-                print(f"entr-run: note: resuming {os.path.dirname(saved)} with its own "
-                      f"configuration (started from preset {started!r}); preset {name!r} "
-                      "is not used", file=sys.stderr)
+            if name:
+                _note_unused_preset(name, default, saved_cfg, os.path.dirname(saved))
             default = saved_cfg
             cfg = cli(saved_cfg)
         elif name is None:
@@ -216,6 +213,20 @@ def parse(argv: list[str] | None = None) -> tuple[RunConfig, CliOptions]:
     if note:
         print(f"entr-run: note: {note}", file=sys.stderr)
     return cfg, opts
+
+
+def _note_unused_preset(preset: str, base: RunConfig, saved: RunConfig, run_dir: str) -> None:
+    """With ``--resume`` the run's own configuration wins over ``preset``: say so on stderr
+    when the run is not that preset's own (started from another preset, under another name,
+    or with another method), naming the stored run's method."""
+    method = (saved.objective.name, saved.staleness.mode)
+    if saved.name == preset and method == (base.objective.name, base.staleness.mode):
+        return
+    origin = (f"started from preset {saved.name!r}" if saved.name in PRESETS
+              else f"run {saved.name!r}")
+    print(f"entr-run: note: resuming {run_dir} with its own configuration ({origin}; its "
+          f"method: objective.name={method[0]}, staleness.mode={method[1]}); preset "
+          f"{preset!r} is not used", file=sys.stderr)
 
 
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:
@@ -256,6 +267,10 @@ def interrupted(run_dir: str | None, argv: list[str]) -> str:
     from experiments.rundir import RunDir, checkpoint_steps
 
     run = RunDir(run_dir)
+    kept = [a for a in argv if a not in ("--resume", "--resume-override")]
+    if not (run / "config.json").is_file() and not run.holds_run():  # --resume is refused
+        return ("interrupted before the run wrote anything: nothing saved; start it again "
+                f"with: {shlex.join(['entr-run', *kept])}")
     ckpt = run.checkpoint_dir
     steps = checkpoint_steps(ckpt)
     if steps:
@@ -264,7 +279,6 @@ def interrupted(run_dir: str | None, argv: list[str]) -> str:
         saved = f"no RL checkpoint yet; a resume reuses {', '.join(map(str, reused))}"
     else:
         saved = "no checkpoint yet, a resume starts over"
-    kept = [a for a in argv if a not in ("--resume", "--resume-override")]
     command = shlex.join(["entr-run", *kept, "--resume"])
     return f"interrupted; {saved}; resume with: {command}"
 
