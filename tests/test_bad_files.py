@@ -19,6 +19,10 @@ QUICK = ["--sft.steps", "0", "--rl_steps", "1", "--task.eval_examples", "2",
          "--task.eval_samples", "1", "--task.prompts_per_step", "2",
          "--task.samples_per_prompt", "2"]
 BIAS = "model.layers.1.self_attn.k_proj.bias"
+# QUICK's single RL step cannot get the preset's lag: the job warns so (preflight.lag_horizon);
+# these tests are about files, and expect that warning
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:only 0 of rl_steps=1 steps get the configured lag:UserWarning")
 
 
 def _weights(model, edit):
