@@ -196,3 +196,15 @@ def test_a_data_file_found_nowhere_shows_its_fix_without_debug(tmp_path, entr_ru
             f"the user cache {tmp_path / 'cache'}), or pass --data.dir DIR / set "
             "ENTR_DATA_DIR=DIR to a folder holding gsm8k/test.jsonl.") in err
     assert "tried user cache" in err and "--debug" not in err
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "config.json", "summary.json"])
+def test_a_directory_where_the_run_writes_a_file_is_named(tmp_path, entr_run, name):
+    """metrics.jsonl as a directory used to read as "already holds a run: pass --resume"."""
+    run_dir = tmp_path / "run"
+    (run_dir / name).mkdir(parents=True)
+    for resume in ([], ["--resume"]):
+        code, err = entr_run(["quickstart", "--run_dir", str(run_dir), *QUICK, *resume])
+        assert (code, err) == (2, f"entr-run: error: run_dir {run_dir}: {run_dir / name} is a "
+                                  f"directory, but the run writes its {name} file there; move "
+                                  "it away or choose another --run_dir")
