@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 import os
 
-__all__ = ["ConfigError", "ResumeRefused", "RunError", "describe", "is_complete",
+__all__ = ["ConfigError", "ResumeRefused", "RunError", "describe", "disk_full", "is_complete",
            "is_user_error"]
 
 
@@ -56,6 +56,19 @@ def describe(err: BaseException) -> str:
                                     "allows)"}.get(err.errno, "")
         return f"{what}: {where}{hint}"
     return _first_paragraph(str(err)) or type(err).__name__
+
+
+def disk_full(err: BaseException) -> OSError | None:
+    """The ``ENOSPC`` `OSError` behind ``err`` (itself, or one in its chain of causes and
+    contexts: a library that wraps the write's error), or None when the disk is not why
+    ``err`` happened."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            return err
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def is_complete(err: BaseException) -> bool:

@@ -44,7 +44,7 @@ import tyro
 
 from experiments.config import RunConfig, dotted, selector_of
 from experiments.configs import PRESETS, REQUIRES_MODEL_PATH
-from experiments.errors import ConfigError, describe, is_complete, is_user_error
+from experiments.errors import ConfigError, describe, disk_full, is_complete, is_user_error
 
 _FLAGS = ("--resume", "--resume-override", "--debug")
 
@@ -233,10 +233,19 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
     return f"entr-run: warning: {message}\n"
 
 
-def _fail(err: BaseException, debug: bool, run_dir: str | None) -> int:
+def resume_command(argv: list[str]) -> str:
+    """The command line that resumes the run ``argv`` started (``--resume`` once)."""
+    kept = [a for a in argv if a not in ("--resume", "--resume-override")]
+    return shlex.join(["entr-run", *kept, "--resume"])
+
+
+def _fail(err: BaseException, debug: bool, run_dir: str | None,
+          argv: list[str] | None = None) -> int:
     """Print ``err`` as one paragraph; the traceback to the run's error.log (unless the
-    message says it all, `errors.is_complete`) and, in debug mode, to stderr. Returns the
-    exit status (2: bad input or environment, 1: a bug)."""
+    message says it all, `errors.is_complete`) and, in debug mode, to stderr. A full disk
+    (`errors.disk_full`, also behind a library's own error) names the file and gives the
+    command that resumes once space is freed. Returns the exit status (2: bad input or
+    environment, 1: a bug)."""
     tb = "".join(traceback.format_exception(err))
     log_note = ""
     if run_dir and os.path.isdir(run_dir) and not is_complete(err):
@@ -248,8 +257,18 @@ def _fail(err: BaseException, debug: bool, run_dir: str | None) -> int:
     user = is_user_error(err)
     if debug:
         print(tb, file=sys.stderr, end="")
+    full = disk_full(err)
     if is_complete(err):  # the message says it all
         print(f"entr-run: error: {describe(err)}", file=sys.stderr)
+    elif full is not None:  # also behind a library's own error (orbax, safetensors)
+        where = os.fsdecode(full.filename) if full.filename is not None else (
+            f"a file under {run_dir}" if run_dir else "a file")
+        started = run_dir is not None and os.path.isfile(os.path.join(run_dir, "config.json"))
+        again = (f"resume with: {resume_command(argv or [])}" if started else "run again: "
+                 + shlex.join(["entr-run", *[a for a in argv or [] if a != "--resume"]]))
+        print(f"entr-run: error: the disk is full: writing {where} failed (No space left on "
+              f"device). Free space on that disk, then {again}.{log_note}", file=sys.stderr)
+        return 2
     else:
         head = "error" if user else f"unexpected error ({type(err).__name__}; a bug?)"
         hint = "" if debug else " Run with --debug (or ENTR_DEBUG=1) for the traceback."
@@ -279,8 +298,7 @@ def interrupted(run_dir: str | None, argv: list[str]) -> str:
         saved = f"no RL checkpoint yet; a resume reuses {', '.join(map(str, reused))}"
     else:
         saved = "no checkpoint yet, a resume starts over"
-    command = shlex.join(["entr-run", *kept, "--resume"])
-    return f"interrupted; {saved}; resume with: {command}"
+    return f"interrupted; {saved}; resume with: {resume_command(argv)}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -310,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit:
         raise
     except Exception as err:  # noqa: BLE001 - every failure becomes one paragraph
-        return _fail(err, debug, run_dir)
+        return _fail(err, debug, run_dir, argv)
     print(json.dumps({k: v for k, v in summary.items()
                       if k not in ("evals", "time/compilations_by_function")}, indent=2))
     if "time/phases" in summary:
