@@ -138,6 +138,15 @@ def test_save_figure_respects_env(tmp_path, monkeypatch):
     monkeypatch.setenv(A.FIGURES_ENV, str(tmp_path / "figs"))
     path = A.save_figure(fig, "x")
     assert path == tmp_path / "figs" / "x.png" and path.read_bytes()[:4] == b"\x89PNG"
+    # relative: from the repository root, whatever the working directory (a notebook
+    # kernel runs in notebooks/), as ENTR_RUNS is
+    monkeypatch.setattr("experiments.analysis.runs.REPO_ROOT", tmp_path / "repo")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(A.FIGURES_ENV, "docs/figures")
+    assert A.save_figure(fig, "x") == tmp_path / "repo" / "docs" / "figures" / "x.png"
+    assert (tmp_path / "repo" / "docs" / "figures" / "x.png").is_file()
+    monkeypatch.undo()  # the runs_root checks below read the real repository root
+    monkeypatch.chdir(DATA.parents[2])
     plt.close(fig)
     monkeypatch.setenv(A.RUNS_ENV, str(tmp_path))
     assert A.runs_root("runs/other") == tmp_path

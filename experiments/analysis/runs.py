@@ -120,11 +120,14 @@ def runs_root(default: str | os.PathLike) -> pathlib.Path:
 
 def save_figure(fig, name: str) -> pathlib.Path | None:
     """Save ``fig`` as ``$ENTR_FIGURES/<name>.png`` (directory created) when the variable
-    is set; returns the path, or None when it is not set."""
+    is set; returns the path, or None when it is not set. A relative ``$ENTR_FIGURES`` is
+    taken from the repository root, as ``$ENTR_RUNS`` is (`runs_root`), not from the
+    notebook kernel's working directory (``notebooks/``)."""
     out = os.environ.get(FIGURES_ENV)
     if not out:
         return None
-    path = pathlib.Path(out) / f"{name}.png"
+    folder = pathlib.Path(out)
+    path = (folder if folder.is_absolute() else REPO_ROOT / folder) / f"{name}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     return path
