@@ -67,3 +67,33 @@ def test_readme_says_what_dash_m_does(tmp_path):
     assert collected(tmp_path, "-m", "slow") == {"test_long"}
     assert '`-m "not gpu and not sglang"` runs the default ones and the long ones' in README
     assert collected(tmp_path, "-m", "not gpu and not sglang") == {"test_plain", "test_long"}
+
+
+def test_the_documented_compare_command_reads_any_folder_of_runs(capsys):
+    from experiments import sweep
+
+    assert "`python -m experiments.sweep summarize runs` compares every finished run" in \
+        " ".join(README.split())
+    folder = REPO / "tests" / "data" / "runs"
+    assert sweep.main(["summarize", str(folder)]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| name=")]
+    assert len(rows) == len(list(folder.glob("*/summary.json"))) == 6
+
+
+def test_the_guide_has_headings_and_says_how_to_read_results():
+    guide = (REPO / "docs" / "guide.md").read_text(encoding="utf-8")
+    lines = guide.splitlines()
+    heads = [i for i, ln in enumerate(lines) if ln.startswith("#") and not ln.startswith("#!")
+             and (i == 0 or not lines[i - 1].startswith("```"))]
+    in_code, run, longest = False, 0, 0
+    for ln in lines:  # the longest stretch of prose lines under one heading
+        in_code ^= ln.startswith("```")
+        run = 0 if (ln.startswith("#") and not in_code) else run + 1
+        longest = max(longest, run)
+    assert heads and longest <= 50, longest
+    section = guide.split("## Reading results", 1)[1].split("\n## ", 1)[0]
+    for part in ("summary.json", "python -m experiments.sweep summarize", "jupyter execute",
+                 "ENTR_FIGURES", "ENTR_RUNS", "not a cost of the method"):
+        assert part in section, part
+    for nb in (REPO / "notebooks").glob("*.ipynb"):
+        assert f"`{nb.name}`" in section, nb.name
