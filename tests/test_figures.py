@@ -43,7 +43,7 @@ def texts(fig):
 
 
 def test_every_method_has_its_own_colour_and_line_style():
-    methods = sorted(set(OBJECTIVES) - {"estr", "grpo"}) + ["grpo_async", "grpo_sync"]
+    methods = sorted(set(OBJECTIVES) - {"estr", "grpo"}) + ["grpo_async", "grpo_sync", "entr_rule"]
     drawn = {m: styles.method_style(m) for m in methods}
     colours = [d["color"] for d in drawn.values()]
     lines = [repr(d["linestyle"]) for d in drawn.values()]

@@ -23,6 +23,7 @@ _LINES = {
 }
 METHOD_STYLES: dict[str, tuple[str, Any]] = {
     "entr": ("#d62728", _LINES["solid"]),          # red
+    "entr_rule": ("#7f0000", _LINES["loose"]),     # dark red: ENTR, tau from the rule
     "grpo_async": ("#1f77b4", _LINES["dashed"]),   # blue
     "grpo": ("#1f77b4", _LINES["dashed"]),         # the same method as grpo_async
     "grpo_sync": ("#000000", _LINES["dotted"]),    # black: the on-policy reference
@@ -32,14 +33,14 @@ METHOD_STYLES: dict[str, tuple[str, Any]] = {
     "trm": ("#9467bd", _LINES["dashdotdot"]),      # purple
     "tis": ("#7f7f7f", _LINES["short"]),           # grey
     "m2po": ("#8c564b", _LINES["longdot"]),        # brown
-    "decoupled_ppo": ("#17becf", _LINES["loose"]),  # cyan
+    "decoupled_ppo": ("#17becf", (0, (4, 1, 4, 4))),  # cyan
     "gspo": ("#e377c2", _LINES["dense"]),          # pink
     "cispo": ("#bcbd22", _LINES["longdotdot"]),    # olive
     "vespo": ("#393b79", _LINES["sparse"]),        # navy
     "sat": ("#ad494a", _LINES["twodash"]),         # brick
 }
-_SPARE_COLOURS = ("#637939", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354")
-_SPARE_LINES = ((0, (4, 1, 4, 4)), (0, (2, 1, 2, 4)), (0, (7, 1, 1, 1, 1, 1, 1, 1)))
+_SPARE_COLOURS = ("#637939", "#7b4173", "#6b6ecf", "#9c9ede", "#e7969c", "#5254a3")
+_SPARE_LINES = ((0, (2, 1, 2, 4)), (0, (7, 1, 1, 1, 1, 1, 1, 1)), (0, (9, 1)))
 SEED_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
 NO_DATA = "no data"
 
