@@ -77,18 +77,21 @@ def is_complete(err: BaseException) -> bool:
     (its message lists the fixes), a fleet that cannot answer (its message names every
     server), or a checkpoint that cannot be restored (its message names the log)."""
     from entr_jax.data.files import DataNotFoundError
+    from entr_jax.data.procedural import MissingExtraError
     from entr_jax.file_errors import BadFileError
     from learners.checkpoint import CheckpointRestoreError
     from samplers.sglang_routing import FleetError
 
     return isinstance(err, (RunError, BadFileError, DataNotFoundError, FleetError,
-                            CheckpointRestoreError))
+                            CheckpointRestoreError, MissingExtraError))
 
 
 def is_user_error(err: BaseException) -> bool:
     """Whether ``err`` is bad input or a failing environment (exit status 2, a fleet that
     cannot answer included), as opposed to an unexpected error (exit status 1)."""
+    from entr_jax.data.procedural import MissingExtraError
     from learners.checkpoint import CheckpointRestoreError
     from samplers.sglang_routing import FleetError
 
-    return isinstance(err, (RunError, ValueError, OSError, CheckpointRestoreError, FleetError))
+    return isinstance(err, (RunError, ValueError, OSError, CheckpointRestoreError, FleetError,
+                            MissingExtraError))

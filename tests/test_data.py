@@ -84,6 +84,12 @@ def test_reasoning_gym_missing_names_the_study_extra(monkeypatch):
                        r"reasoning-gym package, which a plain install leaves out: pip install "
                        r"'entr-jax\[study\]'"):
         sources.reasoning_gym_source("chain_sum", size=1)
+    from experiments.errors import is_complete, is_user_error
+
+    try:
+        sources.reasoning_gym_source("chain_sum", size=1)
+    except ImportError as e:  # entr-run prints it as one line, exit 2, not "a bug?"
+        assert is_user_error(e) and is_complete(e)
     pyproject = pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml"
     extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
     assert {d.split(">")[0] for d in extras["study"]} == {"reasoning-gym", "matplotlib"}
