@@ -265,7 +265,8 @@ def _fail(err: BaseException, debug: bool, run_dir: str | None,
             f"a file under {run_dir}" if run_dir else "a file")
         started = run_dir is not None and os.path.isfile(os.path.join(run_dir, "config.json"))
         again = (f"resume with: {resume_command(argv or [])}" if started else "run again: "
-                 + shlex.join(["entr-run", *[a for a in argv or [] if a != "--resume"]]))
+                 + shlex.join(["entr-run", *[a for a in argv or []
+                                             if a not in ("--resume", "--resume-override")]]))
         print(f"entr-run: error: the disk is full: writing {where} failed (No space left on "
               f"device). Free space on that disk, then {again}.{log_note}", file=sys.stderr)
         return 2
