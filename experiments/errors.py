@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 import os
 
-__all__ = ["ConfigError", "ResumeRefused", "RunError", "describe", "is_complete",
+__all__ = ["ConfigError", "ResumeRefused", "RunError", "describe", "disk_full", "is_complete",
            "is_user_error"]
 
 
@@ -58,24 +58,40 @@ def describe(err: BaseException) -> str:
     return _first_paragraph(str(err)) or type(err).__name__
 
 
+def disk_full(err: BaseException) -> OSError | None:
+    """The ``ENOSPC`` `OSError` behind ``err`` (itself, or one in its chain of causes and
+    contexts: a library that wraps the write's error), or None when the disk is not why
+    ``err`` happened."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
 def is_complete(err: BaseException) -> bool:
     """Whether the message of ``err`` says everything (no traceback is worth showing):
     a `RunError`, a file refused with what is wrong with it, a data file found nowhere
     (its message lists the fixes), a fleet that cannot answer (its message names every
     server), or a checkpoint that cannot be restored (its message names the log)."""
     from entr_jax.data.files import DataNotFoundError
+    from entr_jax.data.procedural import MissingExtraError
     from entr_jax.file_errors import BadFileError
     from learners.checkpoint import CheckpointRestoreError
     from samplers.sglang_routing import FleetError
 
     return isinstance(err, (RunError, BadFileError, DataNotFoundError, FleetError,
-                            CheckpointRestoreError))
+                            CheckpointRestoreError, MissingExtraError))
 
 
 def is_user_error(err: BaseException) -> bool:
     """Whether ``err`` is bad input or a failing environment (exit status 2, a fleet that
     cannot answer included), as opposed to an unexpected error (exit status 1)."""
+    from entr_jax.data.procedural import MissingExtraError
     from learners.checkpoint import CheckpointRestoreError
     from samplers.sglang_routing import FleetError
 
-    return isinstance(err, (RunError, ValueError, OSError, CheckpointRestoreError, FleetError))
+    return isinstance(err, (RunError, ValueError, OSError, CheckpointRestoreError, FleetError,
+                            MissingExtraError))

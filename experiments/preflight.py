@@ -62,7 +62,11 @@ def _nearest_existing(path: pathlib.Path) -> pathlib.Path:
 
 
 # Directories a run creates inside its run directory (`experiments.rundir`).
-RUN_SUBDIRS = ("checkpoints", "ring", "eval", "tb", "logs", "token_samples")
+RUN_SUBDIRS = ("checkpoints", "sft_checkpoints", "ring", "eval", "tb", "logs", "token_samples",
+               "sft_model", "exports")
+# Files a run writes inside its run directory (`experiments.rundir`).
+RUN_FILES = ("config.json", "meta.json", "metrics.jsonl", "timing.jsonl", "sft.jsonl",
+             "summary.json", "wandb.json", "resume_overrides.jsonl")
 
 
 def check_run_dir(path: str | os.PathLike, field: str = "run_dir") -> None:
@@ -71,7 +75,9 @@ def check_run_dir(path: str | os.PathLike, field: str = "run_dir") -> None:
     Raises:
       ConfigError: a component longer than ``NAME_MAX`` bytes (named, with the limit); a
         path that exists and is not a directory, or holds a file where the run keeps a
-        directory (`RUN_SUBDIRS`); a directory (or nearest existing parent)
+        directory (`RUN_SUBDIRS`) or a directory where it writes a file (`RUN_FILES`), named
+        (checked before "already holds a run", which a directory there would look like); a
+        directory (or nearest existing parent)
         where a file cannot be created (read-only, permissions), with the OS reason.
     """
     path = pathlib.Path(path)
@@ -92,6 +98,11 @@ def check_run_dir(path: str | os.PathLike, field: str = "run_dir") -> None:
             raise ConfigError(f"{field} {path}: {path / sub} exists and is not a directory "
                               f"(the run keeps its {sub} there); move it away or choose "
                               f"another --{field}")
+    for name in RUN_FILES:  # e.g. metrics.jsonl/ used to read as "already holds a run"
+        if (path / name).is_dir():
+            raise ConfigError(f"{field} {path}: {path / name} is a directory, but the run "
+                              f"writes its {name} file there; move it away or choose another "
+                              f"--{field}")
     try:
         fd, probe = tempfile.mkstemp(prefix=".entr-write-check-", dir=existing)
         os.close(fd)

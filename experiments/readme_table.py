@@ -3,7 +3,8 @@
 ::
 
     entr-run quickstart                                   # on a clean checkout
-    python -m experiments.readme_table runs/quickstart    # rewrites the block in README.md
+    python -m experiments.readme_table runs/quickstart            # prints the block
+    python -m experiments.readme_table runs/quickstart --write    # rewrites it in README.md
 
 The block sits between ``<!-- quickstart-table`` and ``<!-- /quickstart-table -->``. Its
 opening comment holds the data as JSON (the numbers from ``summary.json``, the commit
@@ -11,7 +12,8 @@ and machine from ``meta.json``, and `config_sha256` of the run's ``config.json``
 Markdown below it is `render` of that data. ``tests/test_readme_table.py`` re-renders
 the block and compares (a hand edit fails), and compares the hash with the current
 quickstart preset (a preset change without a new run fails), so stale numbers do not
-ship. A run from a tree with uncommitted changes (``-dirty`` commit) is refused.
+ship. A run from a tree with uncommitted changes (``-dirty`` commit) is refused. Without
+``--write`` nothing is written: the command prints the block it would write.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import pathlib
 import re
 import sys
@@ -29,7 +32,7 @@ from experiments.resume import RESULT_NEUTRAL_FIELDS, RESULT_NEUTRAL_SECTIONS
 
 BEGIN = "<!-- quickstart-table"
 END = "<!-- /quickstart-table -->"
-COMMAND = "python -m experiments.readme_table runs/quickstart"
+COMMAND = "python -m experiments.readme_table runs/quickstart --write"
 _BLOCK = re.compile(re.escape(BEGIN) + r"\n(?P<data>\{.*?\})\n-->\n(?P<body>.*?)" + re.escape(END),
                     re.S)
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -90,7 +93,10 @@ def table_data(run_dir: str | pathlib.Path, allow_dirty: bool = False) -> dict[s
 
 
 def render(data: dict[str, Any]) -> str:
-    """The Markdown of the block's data (three decimals)."""
+    """The Markdown of the block's data (three decimals), with the noise of one accuracy:
+    the largest binomial standard error over ``n`` held-out examples, ``sqrt(0.25 / n)``
+    (one draw per example, as greedy; avg@k averages k draws per example, so its error is
+    no larger)."""
     k, t = data["k"], data["temperature"]
     labels = [f"eval avg@{k} (sampled, T={t:g})", "eval greedy", f"eval pass@{k}",
               "training reward (mean of first / last 10 steps)"]
@@ -98,7 +104,11 @@ def render(data: dict[str, Any]) -> str:
     lines += [f"| {label} | {b:.3f} | {a:.3f} |"
               for label, b, a in zip(labels, data["before"], data["after"])]
     m = data["machine"]
-    lines += ["", f"Held-out examples: {data['eval_examples']}. Commit `{data['commit'][:12]}`, "
+    n = data["eval_examples"]
+    lines += ["", f"Held-out examples: {n}, so each accuracy has a binomial standard error of "
+              f"at most {math.sqrt(0.25 / n):.3f} (sqrt(p(1-p)/{n}) at p = 0.5; avg@{k} no "
+              "more): differences of a few hundredths are noise. "
+              f"Commit `{data['commit'][:12]}`, "
               f"config sha256 `{data['config_sha256'][:12]}`, on {m['cpu']} "
               f"({m['cores']} cores); written by `{COMMAND}`."]
     return "\n".join(lines) + "\n"
@@ -134,14 +144,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readme", default=str(REPO_ROOT / "README.md"))
     parser.add_argument("--allow-dirty", action="store_true",
                         help="accept a run from a tree with uncommitted changes")
+    parser.add_argument("--write", action="store_true",
+                        help="rewrite the block in --readme (default: only print it)")
     args = parser.parse_args(argv)
     try:
         data = table_data(args.run_dir, allow_dirty=args.allow_dirty)
-        write(args.readme, data)
+        if args.write:
+            write(args.readme, data)
     except (ValueError, OSError) as e:
         print(f"readme_table: error: {e}", file=sys.stderr)
         return 2
-    print(render(data), end="")
+    print(block(data))
+    done = "rewrote the block in" if args.write else "printed only; --write rewrites the block in"
+    print(f"readme_table: {done} {args.readme}", file=sys.stderr)
     return 0
 
 

@@ -107,7 +107,8 @@ def plan_resume(run: RunDir, config_json: str, override: bool = False) -> Resume
     """Decide what ``--resume`` does with ``run`` and the new config (`RunConfig.to_json`).
 
     Raises:
-      ResumeRefused: a result-changing difference without ``override`` (also for a run
+      ResumeRefused: ``run`` holds no run (no ``config.json`` and nothing `RunDir.holds_run`
+        counts: a mistyped ``--run_dir``); a result-changing difference without ``override`` (also for a run
         with no checkpoint yet, which starts over in its directory); any
         result-changing difference for a finished run; a run with checkpoints but no
         ``config.json`` to compare with (without ``override``). The message lists the
@@ -117,6 +118,11 @@ def plan_resume(run: RunDir, config_json: str, override: bool = False) -> Resume
     """
     new = json.loads(config_json)
     saved_path = run / "config.json"
+    if not saved_path.is_file() and not run.holds_run():  # a typo must not start a new run
+        raise ResumeRefused(
+            f"nothing to resume at {run.path}: it holds no run (no config.json, metrics.jsonl, "
+            "checkpoint or summary.json); drop --resume to start a run there, or give the "
+            "--run_dir of the run to continue")
     if not (run.is_finished() or run.has_checkpoint()):
         return _plan_fresh(run, saved_path, new, override)
     if not saved_path.is_file():

@@ -44,7 +44,7 @@ import tyro
 
 from experiments.config import RunConfig, dotted, selector_of
 from experiments.configs import PRESETS, REQUIRES_MODEL_PATH
-from experiments.errors import ConfigError, describe, is_complete, is_user_error
+from experiments.errors import ConfigError, describe, disk_full, is_complete, is_user_error
 
 _FLAGS = ("--resume", "--resume-override", "--debug")
 
@@ -192,11 +192,8 @@ def parse(argv: list[str] | None = None) -> tuple[RunConfig, CliOptions]:
                 saved_cfg = default.with_saved(saved_json)
             except (OSError, ValueError) as err:
                 raise ConfigError(f"cannot resume from {saved}: {err}") from None
-            started = saved_json.get("name")
-            if name and started in PRESETS and started != name:
-                print(f"entr-run: note: resuming {os.path.dirname(saved)} with its own "
-                      f"configuration (started from preset {started!r}); preset {name!r} "
-                      "is not used", file=sys.stderr)
+            if name:
+                _note_unused_preset(name, default, saved_cfg, os.path.dirname(saved))
             default = saved_cfg
             cfg = cli(saved_cfg)
         elif name is None:
@@ -218,8 +215,28 @@ def parse(argv: list[str] | None = None) -> tuple[RunConfig, CliOptions]:
     return cfg, opts
 
 
+def _note_unused_preset(preset: str, base: RunConfig, saved: RunConfig, run_dir: str) -> None:
+    """With ``--resume`` the run's own configuration wins over ``preset``: say so on stderr
+    when the run is not that preset's own (started from another preset, under another name,
+    or with another method), naming the stored run's method."""
+    method = (saved.objective.name, saved.staleness.mode)
+    if saved.name == preset and method == (base.objective.name, base.staleness.mode):
+        return
+    origin = (f"started from preset {saved.name!r}" if saved.name in PRESETS
+              else f"run {saved.name!r}")
+    print(f"entr-run: note: resuming {run_dir} with its own configuration ({origin}; its "
+          f"method: objective.name={method[0]}, staleness.mode={method[1]}); preset "
+          f"{preset!r} is not used", file=sys.stderr)
+
+
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:
     return f"entr-run: warning: {message}\n"
+
+
+def resume_command(argv: list[str]) -> str:
+    """The command line that resumes the run ``argv`` started (``--resume`` once)."""
+    kept = [a for a in argv if a not in ("--resume", "--resume-override")]
+    return shlex.join(["entr-run", *kept, "--resume"])
 
 
 def _fail(err: BaseException, debug: bool, run_dir: str | None,
@@ -227,8 +244,9 @@ def _fail(err: BaseException, debug: bool, run_dir: str | None,
     """Print ``err`` as one paragraph; the traceback to the run's error.log (unless the
     message says it all, `errors.is_complete`) and, in debug mode, to stderr. A fleet that
     cannot answer or take the weights (`FleetError`) also says what is saved and the
-    command that resumes (`interrupted`). Returns the exit status (2: bad input or
-    environment, 1: a bug)."""
+    command that resumes (`interrupted`); a full disk (`errors.disk_full`, also behind a
+    library's own error) names the file and gives the command that resumes once space is
+    freed. Returns the exit status (2: bad input or environment, 1: a bug)."""
     from samplers.sglang_routing import FleetError
 
     tb = "".join(traceback.format_exception(err))
@@ -242,11 +260,22 @@ def _fail(err: BaseException, debug: bool, run_dir: str | None,
     user = is_user_error(err)
     if debug:
         print(tb, file=sys.stderr, end="")
+    full = disk_full(err)
     if is_complete(err):  # the message says it all
         resume = ""
         if isinstance(err, FleetError) and argv is not None:
             resume = "; " + interrupted(run_dir, argv).removeprefix("interrupted; ")
         print(f"entr-run: error: {describe(err)}{resume}", file=sys.stderr)
+    elif full is not None:  # also behind a library's own error (orbax, safetensors)
+        where = os.fsdecode(full.filename) if full.filename is not None else (
+            f"a file under {run_dir}" if run_dir else "a file")
+        started = run_dir is not None and os.path.isfile(os.path.join(run_dir, "config.json"))
+        again = (f"resume with: {resume_command(argv or [])}" if started else "run again: "
+                 + shlex.join(["entr-run", *[a for a in argv or []
+                                             if a not in ("--resume", "--resume-override")]]))
+        print(f"entr-run: error: the disk is full: writing {where} failed (No space left on "
+              f"device). Free space on that disk, then {again}.{log_note}", file=sys.stderr)
+        return 2
     else:
         head = "error" if user else f"unexpected error ({type(err).__name__}; a bug?)"
         hint = "" if debug else " Run with --debug (or ENTR_DEBUG=1) for the traceback."
@@ -264,6 +293,10 @@ def interrupted(run_dir: str | None, argv: list[str]) -> str:
     from experiments.rundir import RunDir, checkpoint_steps
 
     run = RunDir(run_dir)
+    kept = [a for a in argv if a not in ("--resume", "--resume-override")]
+    if not (run / "config.json").is_file() and not run.holds_run():  # --resume is refused
+        return ("interrupted before the run wrote anything: nothing saved; start it again "
+                f"with: {shlex.join(['entr-run', *kept])}")
     ckpt = run.checkpoint_dir
     steps = checkpoint_steps(ckpt)
     if steps:
@@ -272,9 +305,7 @@ def interrupted(run_dir: str | None, argv: list[str]) -> str:
         saved = f"no RL checkpoint yet; a resume reuses {', '.join(map(str, reused))}"
     else:
         saved = "no checkpoint yet, a resume starts over"
-    kept = [a for a in argv if a not in ("--resume", "--resume-override")]
-    command = shlex.join(["entr-run", *kept, "--resume"])
-    return f"interrupted; {saved}; resume with: {command}"
+    return f"interrupted; {saved}; resume with: {resume_command(argv)}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,7 +28,10 @@ checkpoint, or afresh when one stopped before its first) and reporting a failed 
 the last error line of its log (``<run_dir>/sweep.log``; the message of an error box, not
 its border); ``emit`` writes one command per
 line for a cluster scheduler (e.g. a Slurm array reading line ``$SLURM_ARRAY_TASK_ID``);
-``summarize`` prints a table across runs.
+``summarize`` prints a table across runs. ``run`` prints a line on stderr as each run ends
+(name, status, its wall time, an ETA for the rest; `experiments.sweep_progress`), then the
+records and the table; the table's wall-clock column is machine time under the sweep's own
+load, labelled so, not a cost of the method.
 
 Usage::
 
@@ -85,11 +88,13 @@ import re
 import shlex
 import subprocess
 import sys
-from typing import Any
+import time
+from typing import Any, Callable
 
 from experiments import comparison
 from experiments.fields import LABEL_FIELDS, flatten
 from experiments.rundir import RunDir
+from experiments.sweep_progress import WALL_HEADER, WALL_NOTE, print_line, progress_line
 from experiments.sweep_spec import (SHARED_EVAL, SweepRun, apply_set, expand,  # noqa: F401
                                     load_spec, parse_set)
 
@@ -187,37 +192,53 @@ def select(runs: list[SweepRun], only: str | None) -> list[SweepRun]:
 
 
 def run_local(spec: dict[str, Any], out_dir: str | pathlib.Path, workers: int = 1,
-              only: str | None = None, reuse: list[str] | None = None) -> list[dict]:
+              only: str | None = None, reuse: list[str] | None = None,
+              progress: Callable[[str], None] | None = print_line) -> list[dict]:
     """Run every unfinished run (of the ``only`` slice, see `select`) with ``workers``
     processes, after filling those a finished run under ``reuse`` matches
-    (`reuse_finished`); returns one record per run."""
+    (`reuse_finished`); returns one record per run. ``progress`` gets one line per run as
+    it ends (`run_runs`; default: stderr)."""
     runs = select(expand(spec, out_dir), only)
     reused = reuse_finished(spec, runs, reuse or [])
     done = {r["name"] for r in reused}
-    return reused + run_runs(spec["preset"], [r for r in runs if r.name not in done], workers)
+    return reused + run_runs(spec["preset"], [r for r in runs if r.name not in done], workers,
+                             progress)
 
 
-def run_runs(preset: str, runs: list[SweepRun], workers: int = 1) -> list[dict]:
+def run_runs(preset: str, runs: list[SweepRun], workers: int = 1,
+             progress: Callable[[str], None] | None = print_line) -> list[dict]:
     """Run the unfinished ``runs`` of ``preset``, started in the order given, ``workers``
-    at a time (a run that has started before resumes); one record per run: ``status``
-    "skipped (finished)", "ok", or "rc=N" with its last ``error`` line and ``log``."""
+    at a time (a run that has started before resumes); one record per run, in the order
+    given, finished ones first: ``status`` "skipped (finished)", "ok", or "rc=N" with its
+    last ``error`` line and ``log``; a run started here also has ``wall_s`` (its wall
+    seconds). ``progress`` (None: silent) gets `progress_line` as each run ends."""
     pending = [r for r in runs if not is_finished(r)]
     records = [{"name": r.name, "status": "skipped (finished)"} for r in runs if is_finished(r)]
+    workers = max(1, workers)
 
     def _one(run: SweepRun) -> dict:
+        start = time.monotonic()
         run.run_dir.mkdir(parents=True, exist_ok=True)
         cmd = run.command(preset, resume=has_started(run))
         log_path = run.run_dir / "sweep.log"
         with open(log_path, "a") as log:
             proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env())
+        wall = round(time.monotonic() - start, 1)
         if proc.returncode == 0:
-            return {"name": run.name, "status": "ok"}
-        return {"name": run.name, "status": f"rc={proc.returncode}",
+            return {"name": run.name, "status": "ok", "wall_s": wall}
+        return {"name": run.name, "status": f"rc={proc.returncode}", "wall_s": wall,
                 "error": last_error_line(log_path), "log": str(log_path)}
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        records += list(pool.map(_one, pending))
-    return records
+    start = time.monotonic()
+    ended: dict[int, dict] = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(_one, run): i for i, run in enumerate(pending)}
+        for future in concurrent.futures.as_completed(futures):
+            ended[futures[future]] = record = future.result()
+            if progress is not None:
+                progress(progress_line(record, len(ended), len(pending),
+                                       time.monotonic() - start, workers))
+    return records + [ended[i] for i in range(len(pending))]
 
 
 def child_env() -> dict[str, str]:
@@ -300,13 +321,17 @@ def summarize(out_dir: str | pathlib.Path) -> list[dict[str, Any]]:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    """A Markdown table of `summarize` rows."""
+    """A Markdown table of `summarize` rows; the wall-clock column is headed
+    `WALL_HEADER` and explained by `WALL_NOTE` under the table."""
     if not rows:
         return "(no finished runs)"
     cols = list(rows[0])
     fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)  # noqa: E731
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    heads = [WALL_HEADER if c == "wall_clock_s" else c for c in cols]
+    lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows]
+    if "wall_clock_s" in cols:
+        lines += ["", WALL_NOTE]
     return "\n".join(lines)
 
 

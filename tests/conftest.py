@@ -154,3 +154,21 @@ def tiny_policy():
                       intermediate_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                       head_dim=8, attention_bias=True)
     return lambda: Decoder(cfg, rngs=nnx.Rngs(0))
+
+
+@pytest.fixture
+def unpackaged(monkeypatch):
+    """``unpackaged(*keys)``: the registry entries of those data files (``gsm8k/test.jsonl``)
+    lose their packaged copy for this test, as on an install that ships only some files, so
+    the lookup goes on to the user cache and the download."""
+    import dataclasses
+
+    from entr_jax.data import registry
+
+    def drop(*keys):
+        for key in keys:
+            monkeypatch.setitem(registry.FILES, key,
+                                dataclasses.replace(registry.FILES[key], packaged=None,
+                                                    packaged_sha256=None))
+
+    return drop

@@ -126,6 +126,32 @@ def test_sweep_rows_and_staleness_axis(tmp_path):
         A.staleness_axis(rows, "lag")
 
 
+
+def test_runs_of_different_lengths_are_not_pooled_into_one_point(tmp_path):
+    """staleness_sweep.png used to pool 30- and 100-step runs into one point."""
+    root = tmp_path / "sw"
+    for i, (steps, seed, rewards) in enumerate([(2, 0, [0.0, 1.0]), (2, 1, [0.0, 0.5]),
+                                                (4, 0, [0.0, 0.0, 0.0, 0.2])]):
+        _write_run(root / f"r{i}", dict(_config("entr", inter=1, intra=1, seed=seed),
+                                        rl_steps=steps), rewards)
+    rows = A.sweep_rows(A.load_runs(root), window=1)
+    assert sorted(r["rl_steps"] for r in rows) == [2, 2, 4]
+    axis = A.staleness_axis(rows, "inter_lag")
+    assert sorted(axis) == ["entr, 2 steps", "entr, 4 steps"]
+    np.testing.assert_allclose(axis["entr, 2 steps"][1], [0.75])
+    np.testing.assert_allclose(axis["entr, 4 steps"][1], [0.2])
+
+
+def test_a_comparison_sweeps_runs_carry_its_method_names(tmp_path):
+    """Figures used to call the sweep's grpo_async runs 'grpo'."""
+    _write_run(tmp_path / "method=grpo_async_seed=0", dict(_config("grpo", mode="async"),
+                                                          name="grpo_async"), [0.5])
+    _write_run(tmp_path / "plain", dict(_config("grpo", mode="sync"), name="grpo_async"), [0.5])
+    runs = A.load_runs(tmp_path)
+    assert [r.method for r in runs] == ["grpo_async", "grpo sync"]
+    assert [r["sync"] for r in A.sweep_rows(runs, window=1)] == [False, True]
+
+
 def test_save_figure_respects_env(tmp_path, monkeypatch):
     import matplotlib
 
@@ -138,6 +164,15 @@ def test_save_figure_respects_env(tmp_path, monkeypatch):
     monkeypatch.setenv(A.FIGURES_ENV, str(tmp_path / "figs"))
     path = A.save_figure(fig, "x")
     assert path == tmp_path / "figs" / "x.png" and path.read_bytes()[:4] == b"\x89PNG"
+    # relative: from the repository root, whatever the working directory (a notebook
+    # kernel runs in notebooks/), as ENTR_RUNS is
+    monkeypatch.setattr("experiments.analysis.runs.REPO_ROOT", tmp_path / "repo")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(A.FIGURES_ENV, "docs/figures")
+    assert A.save_figure(fig, "x") == tmp_path / "repo" / "docs" / "figures" / "x.png"
+    assert (tmp_path / "repo" / "docs" / "figures" / "x.png").is_file()
+    monkeypatch.undo()  # the runs_root checks below read the real repository root
+    monkeypatch.chdir(DATA.parents[2])
     plt.close(fig)
     monkeypatch.setenv(A.RUNS_ENV, str(tmp_path))
     assert A.runs_root("runs/other") == tmp_path

@@ -19,6 +19,10 @@ QUICK = ["--sft.steps", "0", "--rl_steps", "1", "--task.eval_examples", "2",
          "--task.eval_samples", "1", "--task.prompts_per_step", "2",
          "--task.samples_per_prompt", "2"]
 BIAS = "model.layers.1.self_attn.k_proj.bias"
+# QUICK's single RL step cannot get the preset's lag: the job warns so (preflight.lag_horizon);
+# these tests are about files, and expect that warning
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:only 0 of rl_steps=1 steps get the configured lag:UserWarning")
 
 
 def _weights(model, edit):
@@ -178,7 +182,9 @@ def test_a_data_folder_that_does_not_exist_is_refused(tmp_path, entr_run, monkey
     assert "unset ENTR_DATA_DIR" in err
 
 
-def test_a_data_file_found_nowhere_shows_its_fix_without_debug(tmp_path, entr_run, monkeypatch):
+def test_a_data_file_found_nowhere_shows_its_fix_without_debug(tmp_path, entr_run, monkeypatch,
+                                                              unpackaged):
+    unpackaged("gsm8k/test.jsonl")
     monkeypatch.delenv("ENTR_DATA_DIR", raising=False)
     monkeypatch.setenv("ENTR_DATA_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("ENTR_DATA_OFFLINE", "1")
@@ -190,3 +196,15 @@ def test_a_data_file_found_nowhere_shows_its_fix_without_debug(tmp_path, entr_ru
             f"the user cache {tmp_path / 'cache'}), or pass --data.dir DIR / set "
             "ENTR_DATA_DIR=DIR to a folder holding gsm8k/test.jsonl.") in err
     assert "tried user cache" in err and "--debug" not in err
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "config.json", "summary.json"])
+def test_a_directory_where_the_run_writes_a_file_is_named(tmp_path, entr_run, name):
+    """metrics.jsonl as a directory used to read as "already holds a run: pass --resume"."""
+    run_dir = tmp_path / "run"
+    (run_dir / name).mkdir(parents=True)
+    for resume in ([], ["--resume"]):
+        code, err = entr_run(["quickstart", "--run_dir", str(run_dir), *QUICK, *resume])
+        assert (code, err) == (2, f"entr-run: error: run_dir {run_dir}: {run_dir / name} is a "
+                                  f"directory, but the run writes its {name} file there; move "
+                                  "it away or choose another --run_dir")

@@ -42,7 +42,8 @@ def test_source_answers():
         sources.load_source("nope")
 
 
-def test_data_dir_override(monkeypatch, tmp_path):
+def test_data_dir_override(monkeypatch, tmp_path, unpackaged):
+    unpackaged("math500/test.jsonl")  # else the package's copy is next in line
     monkeypatch.setenv("ENTR_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("ENTR_DATA_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("ENTR_DATA_OFFLINE", "1")
@@ -69,6 +70,29 @@ def test_reasoning_gym_source_is_seeded():
     assert a == sources.reasoning_gym_source("basic_arithmetic", size=5, seed=1)
     assert a != sources.reasoning_gym_source("basic_arithmetic", size=5, seed=2)
     assert a[0]["id"] == "rg/basic_arithmetic/1/0" and a[0]["answer"]
+
+
+def test_reasoning_gym_missing_names_the_study_extra(monkeypatch):
+    """A plain install has no reasoning-gym: the study's stress task must say which extra
+    brings it, and that extra must hold it."""
+    import pathlib
+    import sys
+    import tomllib
+
+    monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # import fails as if not installed
+    with pytest.raises(ImportError, match=r"^data source reasoning_gym/chain_sum needs the "
+                       r"reasoning-gym package, which a plain install leaves out: pip install "
+                       r"'entr-jax\[study\]'"):
+        sources.reasoning_gym_source("chain_sum", size=1)
+    from experiments.errors import is_complete, is_user_error
+
+    try:
+        sources.reasoning_gym_source("chain_sum", size=1)
+    except ImportError as e:  # entr-run prints it as one line, exit 2, not "a bug?"
+        assert is_user_error(e) and is_complete(e)
+    pyproject = pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml"
+    extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
+    assert {d.split(">")[0] for d in extras["study"]} == {"reasoning-gym", "matplotlib"}
 
 
 def test_same_seed_same_order_and_epochs():

@@ -1,4 +1,4 @@
-"""Data files that travel: the packaged GSM8K train split, the lookup order (data folder,
+"""Data files that travel: the packaged GSM8K train split and benchmarks, the lookup order (data folder,
 package, user cache, download), the checksum-checked download from a local stand-in for
 the Hugging Face Hub and GitHub, the not-found message, and the ``entr-data`` command."""
 
@@ -61,11 +61,57 @@ def test_packaged_gsm8k_train_checksums_rows_and_license():
     assert license_text.startswith(b"MIT License\n\nCopyright (c) 2021 OpenAI")
 
 
+# every benchmark ships too (gsm8k test, MATH-500, AIME24, AMC23): stored bytes, original
+# bytes, rows and the license or notice beside it
+BENCHMARKS = {
+    "gsm8k/test.jsonl": (241_754, "4e82068434a2229599bc7a7de5196b4547a4c51762b01402b390735511fd280f",
+                         749_738, "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14",
+                         1319, "gsm8k/LICENSE", b"MIT License\n\nCopyright (c) 2021 OpenAI"),
+    "math500/test.jsonl": (126_014, "a189eda6d3efdafb3d8654f086b0b964480be73b9fd29b48b057d4d4043f254c",
+                           446_564, "35dc41080a3680858b27fa7e0533d2d547825316fc5dafe5d316f4ccc5a06132",
+                           500, "math500/LICENSE", b"MIT License\n\nCopyright (c) 2023 OpenAI"),
+    "aime24/test.jsonl": (44_709, "b85a29e827fdc2da05b920638daabd26eeb4129ba9c4f06dd1d4b495bc276998",
+                          156_944, "af2b8bd2aa911b6333ad0df32f3ca05c7ae8ed10f1731f4372c8ae26990bf7ac",
+                          30, "aime24/NOTICE", b"AIME 2024 (American Invitational Mathematics"),
+    "amc23/test.jsonl": (4_980, "2fb353bb0c56c90ffa8c5ceadfec75ef0c92833577da22051c4a1fab77430c77",
+                         27_631, "43707e1ca784602d8479de24ee8ce36609dbebc46dd152b0b12a46611aa898a4",
+                         40, "amc23/NOTICE", b"AMC 2023 (American Mathematics Competitions"),
+}
+
+
+@pytest.mark.parametrize("key", sorted(BENCHMARKS))
+def test_packaged_benchmark_checksums_rows_and_license(key):
+    stored_size, stored_sha, size, sha256, rows, license_file, license_head = BENCHMARKS[key]
+    entry = registry.FILES[key]
+    assert entry.packaged == key + ".gz"
+    raw = (PACKAGE_DATA / entry.packaged).read_bytes()
+    assert (len(raw), sha(raw)) == (stored_size, stored_sha) and entry.packaged_sha256 == stored_sha
+    data = gzip.decompress(raw)
+    assert (len(data), sha(data)) == (size, sha256) == (entry.size, entry.sha256)
+    assert len(sources.read_jsonl(PACKAGE_DATA / entry.packaged)) == rows == entry.rows
+    assert (PACKAGE_DATA / license_file).read_bytes().startswith(license_head)
+
+
 def test_assets_readme_records_the_registry_numbers():
     text = (PACKAGE_DATA / "README.md").read_text()
-    for value in (TRAIN.sha256, TRAIN.packaged_sha256, str(TRAIN.size), str(TRAIN.rows),
-                  "1338335", TRAIN.remote.revision, TRAIN.remote.repo):
-        assert value in text, value
+    for entry in registry.FILES.values():
+        stored = (PACKAGE_DATA / entry.packaged).stat().st_size
+        for value in (entry.sha256, entry.packaged_sha256, str(entry.size), str(entry.rows),
+                      str(stored), f"`{entry.key}.gz`"):
+            assert value in text, (entry.key, value)
+    assert TRAIN.remote.revision in text and TRAIN.remote.repo in text
+
+
+def test_every_benchmark_loads_offline_from_the_package(clean_env, monkeypatch):
+    """README's test command on a fresh machine: no data folder, an empty cache, no network."""
+    monkeypatch.setenv("ENTR_DATA_OFFLINE", "1")
+    for key in BENCHMARKS:
+        found = files.locate(key)
+        assert found == files.Found(PACKAGE_DATA / (key + ".gz"), "package"), key
+    assert [len(sources.load_source(name, **kw)) for name, kw in (
+        ("gsm8k", {"split": "test"}), ("math500", {}), ("aime24", {}), ("amc23", {}))] == [
+        1319, 500, 30, 40]
+    assert not clean_env.exists()  # nothing was written to the cache
 
 
 def test_quickstart_data_loads_offline_from_the_package(clean_env, monkeypatch):
@@ -127,7 +173,9 @@ def test_cache_used_only_when_its_checksum_matches(clean_env, monkeypatch, toy):
     assert f"has sha256 {sha(data.replace(b'5', b'6'))}, expected {entry.sha256}" in str(e.value)
 
 
-def test_not_found_names_the_variable_the_cache_and_the_command(clean_env, monkeypatch, tmp_path):
+def test_not_found_names_the_variable_the_cache_and_the_command(clean_env, monkeypatch, tmp_path,
+                                                               unpackaged):
+    unpackaged("math500/test.jsonl", "aime24/test.jsonl")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(FileNotFoundError) as e:  # DataNotFoundError is a FileNotFoundError
         sources.load_math500()
@@ -303,7 +351,8 @@ def test_reference_copy_matches_every_pin():
 # ---- entr-data --------------------------------------------------------------------------------
 
 
-def test_entr_data_fetch_and_list(hub, clean_env, toy, tmp_path, capsys):
+def test_entr_data_fetch_and_list(hub, clean_env, toy, tmp_path, capsys, unpackaged):
+    unpackaged("math500/test.jsonl")
     entry, data = toy
     hub.serve(entry.remote, data)
     folder = tmp_path / "prefetched"
@@ -319,7 +368,7 @@ def test_entr_data_fetch_and_list(hub, clean_env, toy, tmp_path, capsys):
 
     changed = data + b"\n"
     (folder / "toy" / "test.jsonl").write_bytes(changed)  # the folder's copy now differs
-    assert entr_data(["list", "--dir", str(folder)]) == 1  # benchmarks missing / one differs
+    assert entr_data(["list", "--dir", str(folder)]) == 1  # math500 missing / toy differs
     out = capsys.readouterr().out
     assert f"user cache:  {clean_env}" in out
     assert f"  user cache: {clean_env / 'toy' / 'test.jsonl'}\n    sha256 {entry.sha256} ok" in out
@@ -343,8 +392,10 @@ def test_python_dash_m_entr_jax_data(clean_env, tmp_path):
     env.pop("ENTR_DATA_DIR", None)
     out = subprocess.run([sys.executable, "-m", "entr_jax.data", "list"], env=env, cwd=tmp_path,
                          capture_output=True, text=True, timeout=120)
-    assert out.returncode == 1, out.stderr  # the benchmarks are not present in an empty cache
-    assert f"gsm8k/train.jsonl (7473 rows) pinned sha256 {TRAIN.sha256}\n  package:" in out.stdout
+    assert out.returncode == 0, out.stderr  # every file ships with the package
+    for entry in registry.FILES.values():
+        assert (f"{entry.key} ({entry.rows} rows) pinned sha256 {entry.sha256}\n  package: "
+                f"{PACKAGE_DATA / entry.packaged}\n    sha256 {entry.sha256} ok") in out.stdout
 
 
 # ---- --data.dir reaches the task ------------------------------------------------------------
@@ -365,6 +416,5 @@ def test_data_dir_flag_reaches_the_task(clean_env, monkeypatch, tmp_path):
     bundle = build_task(spec, data_dir=cfg.data.dir)
     assert [e["question"] for e in bundle.train] == ["train 0", "train 1", "train 2"]
     assert [e["answer"] for e in bundle.eval_sets["gsm8k"]] == ["0", "1"]
-    monkeypatch.setenv("ENTR_DATA_OFFLINE", "1")
-    with pytest.raises(files.DataNotFoundError, match=r"\(--data.dir\): .*math500/test.jsonl"):
-        build_task(dataclasses.replace(spec, name="math"), data_dir=cfg.data.dir)
+    monkeypatch.setenv("ENTR_DATA_OFFLINE", "1")  # a file the folder lacks: the package's copy
+    assert files.locate("math500/test.jsonl", cfg.data.dir).origin == "package"

@@ -297,12 +297,48 @@ def test_full_disk_when_writing_the_run_directory(call, capsys, tmp_path, monkey
     run_dir = tmp_path / "run"
     code, err = call(["quickstart", "--run_dir", str(run_dir), "--task.eval_examples", "2"], capsys)
     assert code == 2
-    assert err.startswith(f"entr-run: error: No space left on device: {run_dir}/config.json (the "
-                          "disk is full).")
-    assert "Run with --debug (or ENTR_DEBUG=1) for the traceback." in err
-    assert "Traceback (most recent call last)" not in err
+    assert err == (f"entr-run: error: the disk is full: writing {run_dir}/config.json failed (No "
+                   "space left on device). Free space on that disk, then run again: entr-run "
+                   f"quickstart --run_dir {run_dir} --task.eval_examples 2. Traceback: "
+                   f"{run_dir}/logs/error.log.")
     assert sorted(p.name for p in run_dir.iterdir()) == ["logs"]  # no config.json(.tmp)
     assert "OSError: [Errno 28]" in (run_dir / "logs" / "error.log").read_text()
+
+
+def test_full_disk_mid_run_names_the_file_and_the_resume_command(call, capsys, tmp_path,
+                                                                  monkeypatch):
+    """A disk that filled while safetensors wrote the weights used to end with
+    "SafetensorError; a bug?", exit 1, no file named."""
+    import numpy as np
+    from safetensors import SafetensorError
+
+    from entr_jax.model import hf_io
+    from experiments.job import Job
+
+    def full(tensors, filename, metadata=None):
+        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: '
+                              'StorageFull, message: "No space left on device" })')
+
+    run_dir = tmp_path / "run"
+    weights = run_dir / "sft_model" / "model.safetensors"
+
+    def run_job(self):  # the run has started (config.json), then saves its weights
+        run_dir.mkdir()
+        (run_dir / "config.json").write_text(self.cfg.to_json())
+        hf_io.save_safetensors({"w": np.zeros(2, np.float32)}, str(weights))
+
+    monkeypatch.setattr(hf_io, "save_file", full)
+    monkeypatch.setattr(Job, "run_job", run_job)
+    argv = ["quickstart", "--run_dir", str(run_dir), "--task.eval_examples", "2"]
+    code, err = call(argv, capsys)
+    assert (code, err) == (2, (
+        f"entr-run: error: the disk is full: writing {weights} failed (No space left on "
+        "device). Free space on that disk, then resume with: entr-run quickstart --run_dir "
+        f"{run_dir} --task.eval_examples 2 --resume. Traceback: {run_dir}/logs/error.log."))
+    with pytest.raises(OSError) as e:  # the library names the file and keeps the cause
+        hf_io.save_safetensors({"w": np.zeros(2, np.float32)}, str(weights))
+    assert (e.value.errno, e.value.filename) == (errno.ENOSPC, str(weights))
+    assert isinstance(e.value.__cause__, SafetensorError)
 
 
 @pytest.mark.parametrize("how", ["flag", "env"])
@@ -321,7 +357,7 @@ def test_debug_flag_prints_the_traceback(how, capsys, tmp_path, monkeypatch):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "Traceback (most recent call last)" in err
-    assert err.rstrip().splitlines()[-1].startswith("entr-run: error: No space left on device")
+    assert err.rstrip().splitlines()[-1].startswith("entr-run: error: the disk is full: writing ")
 
 
 def test_cli_subprocess_exit_status_and_one_paragraph(tmp_path):

@@ -46,15 +46,34 @@ def test_table_from_a_run_renders_the_numbers_and_provenance(tmp_path):
         "| eval pass@4 | 0.575 | 0.621 |\n"
         "| training reward (mean of first / last 10 steps) | 0.532 | 0.684 |\n"
         "\n"
-        f"Held-out examples: 153. Commit `0123456789ab`, config sha256 "
-        f"`{data['config_sha256'][:12]}`, on Test CPU @ 2.0GHz (2 cores); written by "
-        "`python -m experiments.readme_table runs/quickstart`.\n")
+        "Held-out examples: 153, so each accuracy has a binomial standard error of at most "
+        "0.040 (sqrt(p(1-p)/153) at p = 0.5; avg@4 no more): differences of a few hundredths "
+        f"are noise. Commit `0123456789ab`, config sha256 `{data['config_sha256'][:12]}`, on "
+        "Test CPU @ 2.0GHz (2 cores); written by "
+        "`python -m experiments.readme_table runs/quickstart --write`.\n")
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{rt.BEGIN}\nold\n-->\nstale | table\n{rt.END}\noutro\n")
     rt.write(readme, data)
     text = readme.read_text()
     assert text.startswith("intro\n<!-- quickstart-table\n{") and text.endswith(f"{rt.END}\noutro\n")
     assert rt.find_block(text) == (data, rt.render(data))
+
+
+def test_the_command_prints_and_rewrites_only_with_write(tmp_path, capsys):
+    """README's footer command used to rewrite README.md in place whenever it was run."""
+    run = fake_run(tmp_path)
+    readme = tmp_path / "README.md"
+    original = f"intro\n{rt.BEGIN}\nold\n-->\nstale | table\n{rt.END}\noutro\n"
+    readme.write_text(original)
+    assert rt.main([str(run), "--readme", str(readme)]) == 0
+    out, err = capsys.readouterr()
+    data = rt.table_data(run)
+    assert out == rt.block(data) + "\n" and readme.read_text() == original
+    assert err == f"readme_table: printed only; --write rewrites the block in {readme}\n"
+    assert rt.main([str(run), "--readme", str(readme), "--write"]) == 0
+    assert rt.find_block(readme.read_text()) == (data, rt.render(data))
+    assert capsys.readouterr().err == f"readme_table: rewrote the block in {readme}\n"
+    assert rt.COMMAND.endswith(" --write")  # the README footer names the writing command
 
 
 def test_dirty_or_unfinished_runs_are_refused(tmp_path):

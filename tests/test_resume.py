@@ -317,9 +317,9 @@ def test_ctrl_c_prints_one_line_with_what_is_saved_and_the_resume_command(model_
     monkeypatch.setattr(Job, "prepare_task", ctrl_c)
     other = tmp_path / "other"
     code, _, err = call(args(model_dir, other), capsys)
-    assert (code, err.splitlines()[-1]) == (130, (
-        "entr-run: interrupted; no checkpoint yet, a resume starts over; resume with: "
-        + " ".join(["entr-run", *args(model_dir, other), "--resume"])))
+    assert (code, err.splitlines()[-1]) == (130, (  # --resume would be refused: nothing there
+        "entr-run: interrupted before the run wrote anything: nothing saved; start it again "
+        "with: " + " ".join(["entr-run", *args(model_dir, other)])))
 
 
 @pytest.mark.parametrize("sub", ["checkpoints", "ring"])

@@ -33,9 +33,43 @@ def test_another_preset_on_resume_is_said_not_to_be_used(saved_run, capsys):
     assert cfg == saved
     assert capsys.readouterr().err == (
         f"entr-run: note: resuming {run_dir} with its own configuration (started from preset "
-        "'quickstart'); preset 'math' is not used\n")
+        "'quickstart'; its method: objective.name=entr, staleness.mode=simulated); preset "
+        "'math' is not used\n")
     assert cli.parse(["quickstart", "--run_dir", str(run_dir), "--resume"])[0] == saved
     assert capsys.readouterr().err == ""
+
+
+def test_the_preset_on_a_run_of_another_method_is_said_unused(tmp_path, capsys):
+    """A sweep's async GRPO run resumed as `entr-run quickstart --run_dir DIR --resume`
+    used to show that run's summary with no word that quickstart was not used."""
+    run_dir = tmp_path / "method=grpo_async_seed=0"
+    run_dir.mkdir()
+    cfg, _ = cli.parse(["quickstart", "--run_dir", str(run_dir), "--name", run_dir.name,
+                        "--objective.name", "grpo", "--staleness.mode", "async"])
+    (run_dir / "config.json").write_text(cfg.to_json())
+    (run_dir / "summary.json").write_text("{}")  # finished
+    capsys.readouterr()
+    assert cli.parse(["quickstart", "--run_dir", str(run_dir), "--resume"])[0] == cfg
+    assert (f"entr-run: note: resuming {run_dir} with its own configuration (run "
+            "'method=grpo_async_seed=0'; its method: objective.name=grpo, staleness.mode=async); "
+            "preset 'quickstart' is not used\n") in capsys.readouterr().err
+    # the preset's own name, another method: still said
+    cfg, _ = cli.parse(["quickstart", "--run_dir", str(run_dir), "--objective.name", "grpo"])
+    (run_dir / "config.json").write_text(cfg.to_json())
+    cli.parse(["quickstart", "--run_dir", str(run_dir), "--resume"])
+    assert "(started from preset 'quickstart'; its method: objective.name=grpo, " \
+        "staleness.mode=simulated); preset 'quickstart' is not used" in capsys.readouterr().err
+
+
+def test_resume_of_a_directory_with_no_run_is_refused_naming_the_fix(tmp_path, entr_run):
+    """A typo in --run_dir with --resume used to start a fresh full run."""
+    typo = tmp_path / "runs" / "quikstart"
+    code, err = entr_run(["quickstart", "--run_dir", str(typo), "--resume"])
+    assert (code, err) == (2, f"entr-run: error: nothing to resume at {typo}: it holds no run "
+                              "(no config.json, metrics.jsonl, checkpoint or summary.json); "
+                              "drop --resume to start a run there, or give the --run_dir of "
+                              "the run to continue")
+    assert not typo.exists()  # nothing written
 
 
 def test_resume_without_a_preset_needs_a_saved_configuration(tmp_path):

@@ -218,9 +218,16 @@ def test_config_changes_are_dotted_and_classified():
 def test_plan_resume_fresh_continue_refuse_finished(tmp_path):
     run = RunDir(tmp_path / "run")
     saved = {"objective": {"name": "entr"}, "checkpoint": {"keep": 2}}
-    assert resume.plan_resume(run, json.dumps(saved)).action == "fresh"  # nothing there
+    with pytest.raises(ResumeRefused) as exc:  # nothing there: a typo, not a run to start
+        resume.plan_resume(run, json.dumps(saved))
+    assert str(exc.value) == (
+        f"nothing to resume at {tmp_path}/run: it holds no run (no config.json, metrics.jsonl, "
+        "checkpoint or summary.json); drop --resume to start a run there, or give the "
+        "--run_dir of the run to continue")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text(json.dumps(saved))  # started, then killed
+    assert resume.plan_resume(run, json.dumps(saved)).action == "fresh"
     (tmp_path / "run" / "checkpoints" / "4").mkdir(parents=True)
-    (tmp_path / "run" / "config.json").write_text(json.dumps(saved))
     plan = resume.plan_resume(run, json.dumps(dict(saved, checkpoint={"keep": 5})))
     assert (plan.action, [c.field for c in plan.changes], plan.overrides) == (
         "continue", ["checkpoint.keep"], ())
@@ -292,6 +299,7 @@ def test_a_failed_sweep_cell_reports_its_last_error_line_and_log(tmp_path, monke
     monkeypatch.setattr(sweep.subprocess, "run", fake_run)
     (rec,) = sweep.run_local(spec, tmp_path)
     log = tmp_path / "rl_steps=3_seed=0" / "sweep.log"
+    assert rec.pop("wall_s") >= 0
     assert rec == {"name": "rl_steps=3_seed=0", "status": "rc=2", "log": str(log),
                    "error": "entr-run: error: task.max_total_tokens must be >= "
                             "task.max_new_tokens (12)"}

@@ -307,12 +307,16 @@ def test_the_tuning_figure_draws_each_candidates_runs_mean_and_the_choice(study)
                                      ("entr@1", "A", 100, -0.5), ("grpo_async", "A", 100, -0.75)]]
     ax = tuning_figure(study, rows, {"chosen": {"entr": {"index": 1}}}).axes[0]
     means = [(c.get_segments()[0][0].tolist(), c.get_color()[0].tolist()) for c in ax.collections]
-    red, blue = matplotlib.colors.to_rgba("C3"), matplotlib.colors.to_rgba("C0")
-    assert means == [([-0.3, -1.5], list(blue)), ([0.7, -0.5], list(red))]  # candidate 1 chosen
+    red, grey = matplotlib.colors.to_rgba("red"), matplotlib.colors.to_rgba("0.2")
+    assert means == [([-0.3, -1.5], list(grey)), ([0.7, -0.5], list(red))]  # candidate 1 chosen
     runs = sorted((line.get_xdata()[0], line.get_ydata()[0]) for line in ax.lines
                   if line.get_marker() in "os")
     assert runs == [(-0.04, -1.0), (0.04, -2.0), (0.96, -0.5)]
-    assert [line.get_ydata()[0] for line in ax.lines if line.get_linestyle() == "--"] == [-0.75]
+    from experiments.analysis.styles import method_style
+
+    arm_lines = [line for line in ax.lines if line.get_label() == "grpo_async (mean)"]
+    assert [line.get_ydata()[0] for line in arm_lines] == [-0.75]  # in the arm's own style
+    assert arm_lines[0].get_color() == method_style("grpo_async")["color"]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["tau 1", "tau 4"]
 
 def test_detectable_difference_of_a_paired_t_test():

@@ -82,7 +82,47 @@ def test_finished_runs_are_skipped_and_summarized(spec, tmp_path, monkeypatch):
     rows = sweep.summarize(tmp_path / "out")
     assert len(rows) == 10 and rows[0]["eval_accuracy_after"] == 0.25
     table = sweep.format_table(rows)
-    assert table.count("\n") == 11
+    assert table.count("\n") == 13  # header, rule, 10 rows, a blank line, the wall note
+    head, _, *body = table.splitlines()
+    assert head == ("| run | eval_accuracy_before | eval_accuracy_after | final_reward | rl_steps | "
+                    "wall_clock_s (machine time) |")
+    assert body[-1] == (
+        "wall_clock_s (machine time): each run's elapsed seconds on this machine, shared with "
+        "the runs beside it and any other load; not a cost of the method (compare methods by "
+        "steps, or time them alone with benchmarks/)")
+
+
+def test_progress_line_names_the_run_its_status_wall_time_and_eta():
+    line = sweep.progress_line({"name": "method=entr_seed=0", "status": "ok", "wall_s": 72.4},
+                               done=2, total=5, elapsed_s=100.0, workers=2)
+    assert line == ("sweep: [2/5] method=entr_seed=0: ok in 1 min 12 s (wall clock, 2 at a "
+                    "time); ETA 2 min 30 s for the 3 left")
+    assert sweep.progress_line({"name": "x", "status": "rc=1", "wall_s": 3725.0}, 4, 4, 9e3, 1) == (
+        "sweep: [4/4] x: rc=1 in 1 h 02 min (wall clock, 1 at a time); all done")
+
+
+def test_run_prints_a_progress_line_per_run_as_it_ends(spec, tmp_path, monkeypatch, capsys):
+    """Before, `sweep run` printed nothing until every run had finished."""
+    class Done:
+        def __init__(self, cmd):
+            self.returncode = 3 if "seed=1" in cmd[cmd.index("--run_dir") + 1] else 0
+
+    monkeypatch.setattr(sweep.subprocess, "run", lambda cmd, **k: Done(cmd))
+    spec_path = tmp_path / "spec.toml"
+    spec_path.write_text(SPEC)
+    assert sweep.main(["run", str(spec_path), "--out", str(tmp_path / "out"), "--workers", "1",
+                       "--only", "inter_lag=5_"]) == 1
+    out, err = capsys.readouterr()
+    lines = [ln for ln in err.splitlines() if ln.startswith("sweep: [")]
+    names = [r.name for r in sweep.select(sweep.expand(spec, tmp_path / "out"), "inter_lag=5_")]
+    assert [ln.split("] ", 1)[1].split(":")[0] for ln in lines] == names  # one per run, in order
+    assert [ln.split("] ", 1)[0] for ln in lines] == [f"sweep: [{i}/4" for i in range(1, 5)]
+    assert [ln.split(": ", 2)[2].split(" in ")[0] for ln in lines] == [
+        "rc=3" if "seed=1" in n else "ok" for n in names]
+    assert all("(wall clock, 1 at a time); ETA " in ln for ln in lines[:3])
+    assert lines[3].endswith("(wall clock, 1 at a time); all done")
+    records = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
+    assert [r["name"] for r in records] == names and all(r["wall_s"] >= 0 for r in records)
 
 
 def test_interrupted_runs_resume(spec, tmp_path, monkeypatch):

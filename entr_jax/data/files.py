@@ -7,7 +7,7 @@ in this order and returns the first hit:
    ``$ENTR_DATA_DIR``, as ``<folder>/<key>``. Used as found (a folder you point at is
    yours: ``entr-data list`` reports whether its files match the pinned checksums);
 2. the **package**: files shipped gzip-compressed in ``entr_jax/assets/data`` (the GSM8K
-   training split the quickstart derives its task from);
+   training split the quickstart derives its task from, and the four benchmarks);
 3. the **user cache**: ``$ENTR_DATA_CACHE`` or else the platform cache folder
    (``platformdirs.user_cache_path("entr-jax") / "data"``; on Linux
    ``$XDG_CACHE_HOME/entr-jax/data``, default ``~/.cache/entr-jax/data``), used when its

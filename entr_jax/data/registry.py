@@ -118,6 +118,8 @@ FILES: dict[str, DataFile] = {
             sha256="3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14",
             license="MIT",
             remote=Remote("github", *_GSM8K, "grade_school_math/data/test.jsonl"),
+            packaged="gsm8k/test.jsonl.gz",
+            packaged_sha256="4e82068434a2229599bc7a7de5196b4547a4c51762b01402b390735511fd280f",
         ),
         DataFile(
             key="math500/test.jsonl", dataset="math500", rows=500, size=446_564,
@@ -125,6 +127,8 @@ FILES: dict[str, DataFile] = {
             license="MIT",
             remote=Remote("hf", "HuggingFaceH4/MATH-500",
                           "6e4ed1a2a79af7d8630a6b768ec859cb5af4d3be", "test.jsonl"),
+            packaged="math500/test.jsonl.gz",
+            packaged_sha256="a189eda6d3efdafb3d8654f086b0b964480be73b9fd29b48b057d4d4043f254c",
         ),
         DataFile(
             key="aime24/test.jsonl", dataset="aime24", rows=30, size=156_944,
@@ -132,6 +136,8 @@ FILES: dict[str, DataFile] = {
             license="public competition problems (MAA AIME 2024)",
             remote=Remote("github", *_QWEN_EVAL, "evaluation/data/aime24/test.jsonl"),
             fallbacks=(Remote("github", *_QWEN_MAIN, "evaluation/data/aime24/test.jsonl"),),
+            packaged="aime24/test.jsonl.gz",
+            packaged_sha256="b85a29e827fdc2da05b920638daabd26eeb4129ba9c4f06dd1d4b495bc276998",
         ),
         DataFile(
             key="amc23/test.jsonl", dataset="amc23", rows=40, size=27_631,
@@ -139,6 +145,8 @@ FILES: dict[str, DataFile] = {
             license="public competition problems (MAA AMC 2023)",
             remote=Remote("github", *_QWEN_EVAL, "evaluation/data/amc23/test.jsonl"),
             fallbacks=(Remote("github", *_QWEN_MAIN, "evaluation/data/amc23/test.jsonl"),),
+            packaged="amc23/test.jsonl.gz",
+            packaged_sha256="2fb353bb0c56c90ffa8c5ceadfec75ef0c92833577da22051c4a1fab77430c77",
         ),
     )
 }

@@ -9,7 +9,7 @@ Every source returns a list of examples, each a dict with at least
 
 plus source-specific extras (``solution`` worked solution, ``level``, ``subject``, ...).
 Files are found by `entr_jax.data.files.locate`: the ``data_dir`` argument (``--data.dir``)
-or ``$ENTR_DATA_DIR``, then the package (GSM8K train ships with it), the user cache, then
+or ``$ENTR_DATA_DIR``, then the package (every file ships with it), the user cache, then
 a checksum-checked download of the pinned upstream (``entr-data fetch`` does it ahead of
 time).
 """

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -346,6 +347,29 @@ def _dtype_name(arr: np.ndarray) -> str:
     return "bfloat16" if arr.dtype.name == "bfloat16" else str(arr.dtype)
 
 
+_OS_ERROR_CODE = re.compile(r"os error (\d+)|code: (\d+)")
+
+
+def save_safetensors(tensors: Mapping[str, np.ndarray], filename: str,
+                     metadata: dict[str, str] | None = None) -> None:
+    """`safetensors.numpy.save_file`, with a failed write raised as the `OSError` it is.
+
+    Raises:
+      OSError: the file could not be written (a full disk: ``errno.ENOSPC``); ``filename``
+        is set, the `SafetensorError` (whose message names no file, e.g. ``IoError(Os {
+        code: 28, kind: StorageFull, ... })``) is its cause.
+      SafetensorError: any other failure to serialise.
+    """
+    try:
+        save_file(dict(tensors), filename, metadata=metadata)
+    except SafetensorError as e:
+        match = _OS_ERROR_CODE.search(str(e))
+        if match is None:
+            raise
+        code = int(match.group(1) or match.group(2))
+        raise OSError(code, os.strerror(code), filename) from e
+
+
 def save_pretrained(model: Decoder, path: str, *, max_shard_bytes: int = 4 * 2**30) -> list[str]:
     """Writes ``config.json``, safetensors weights and (when eos ids are known)
     ``generation_config.json`` into ``path``, loadable by transformers, vLLM and SGLang.
@@ -353,6 +377,9 @@ def save_pretrained(model: Decoder, path: str, *, max_shard_bytes: int = 4 * 2**
     Weights go to ``model.safetensors``, or, past ``max_shard_bytes``, to
     ``model-0000k-of-0000n.safetensors`` shards with ``model.safetensors.index.json``.
     Tied-embedding models write no ``lm_head.weight``. Returns the weight file names.
+
+    Raises:
+      OSError: a file could not be written (a full disk), naming it (`save_safetensors`).
     """
     if max_shard_bytes <= 0:
         raise ValueError(f"max_shard_bytes must be > 0, got {max_shard_bytes}")
@@ -383,12 +410,12 @@ def save_pretrained(model: Decoder, path: str, *, max_shard_bytes: int = 4 * 2**
         size += nbytes
     meta = {"format": "pt"}
     if len(shards) == 1:
-        save_file(shards[0], os.path.join(path, "model.safetensors"), metadata=meta)
+        save_safetensors(shards[0], os.path.join(path, "model.safetensors"), metadata=meta)
         return ["model.safetensors"]
     files, weight_map = [], {}
     for i, shard in enumerate(shards, 1):
         fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, os.path.join(path, fname), metadata=meta)
+        save_safetensors(shard, os.path.join(path, fname), metadata=meta)
         files.append(fname)
         weight_map.update({name: fname for name in shard})
     index = {"metadata": {"total_size": int(sum(t.nbytes for t in tensors.values()))},

@@ -13,6 +13,7 @@ Conventions (``docs/algorithms.md``, section 1):
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import chex
@@ -90,15 +91,23 @@ def read_inputs(logp_pi: Array, batch: Any, sanitize: bool = True) -> Inputs:
         names the argument.
       TypeError: a log-prob/advantage field is not floating point, or ``loss_mask`` is not
         bool; the message names the argument.
+      TypeError: ``batch`` is a mapping (a dict): the message names ``ObjectiveInput``.
       ValueError: a required attribute is missing from ``batch``.
     """
     chex.assert_rank(logp_pi, 2, custom_message="argument `logp_pi` must be [B, T]")
     if not jnp.issubdtype(jnp.asarray(logp_pi).dtype, jnp.floating):
         raise TypeError(f"argument `logp_pi` must be floating point, got {jnp.asarray(logp_pi).dtype}")
     shape = tuple(logp_pi.shape)
+    if isinstance(batch, Mapping):  # a dict's keys are not attributes: say which type is wanted
+        raise TypeError(
+            "argument `batch` must be an entr_jax.types.ObjectiveInput (its fields are read as "
+            f"attributes), got a {type(batch).__name__} with keys {sorted(map(str, batch))}: "
+            "pass ObjectiveInput(**batch)")
     for name in ("logp_mu", "advantages", "loss_mask"):
         if getattr(batch, name, None) is None:
-            raise ValueError(f"batch.{name} is required by every objective but is missing/None")
+            raise ValueError(f"batch.{name} is required by every objective but the "
+                             f"{type(batch).__name__} passed as `batch` has no {name} (or it is "
+                             "None); build the batch as entr_jax.types.ObjectiveInput")
     loss_mask = batch.loss_mask
     chex.assert_shape(loss_mask, shape, custom_message="argument `batch.loss_mask` must match logp_pi's [B, T]")
     if jnp.asarray(loss_mask).dtype != jnp.bool_:

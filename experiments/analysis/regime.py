@@ -166,8 +166,7 @@ def full_lag(run: Run) -> float:
 def label(run: Run) -> str:
     """A comparison sweep's method label (the run is ``method=<label>_...`` and its config
     ``name`` is the label), else `Run.method`."""
-    name = str(run.config.get("name", ""))
-    return name if name and run.path.name.startswith(f"method={name}_") else run.method
+    return run.method
 
 
 def regime_rows(runs: Iterable[Run], value_name: str = "eval_after") -> list[dict[str, Any]]:

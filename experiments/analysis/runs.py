@@ -44,10 +44,25 @@ class Run:
 
     @property
     def method(self) -> str:
-        """Objective name, with ``" sync"`` appended for staleness mode ``sync`` (the
-        on-policy baseline, "GRPO (Sync)" in ESTR Table 1)."""
+        """The method as its sweep names it: a comparison sweep's label (the run directory
+        is ``method=<label>_...`` and the config's ``name`` is that label, e.g.
+        ``grpo_async``), else the objective name with ``" sync"`` appended for staleness
+        mode ``sync`` (the on-policy baseline, "GRPO (Sync)" in ESTR Table 1)."""
+        label = str(self.config.get("name", ""))
+        if label and self.path.name.startswith(f"method={label}_"):
+            return label
         name = self.config["objective"]["name"]
-        return f"{name} sync" if self.config["staleness"]["mode"] == "sync" else name
+        return f"{name} sync" if self.is_sync else name
+
+    @property
+    def is_sync(self) -> bool:
+        """Staleness mode ``sync``: the on-policy reference."""
+        return self.config["staleness"]["mode"] == "sync"
+
+    @property
+    def steps(self) -> int:
+        """The RL steps the run is configured for (``rl_steps``)."""
+        return int(self.config["rl_steps"])
 
     @property
     def inter_lag(self) -> int:
@@ -120,11 +135,14 @@ def runs_root(default: str | os.PathLike) -> pathlib.Path:
 
 def save_figure(fig, name: str) -> pathlib.Path | None:
     """Save ``fig`` as ``$ENTR_FIGURES/<name>.png`` (directory created) when the variable
-    is set; returns the path, or None when it is not set."""
+    is set; returns the path, or None when it is not set. A relative ``$ENTR_FIGURES`` is
+    taken from the repository root, as ``$ENTR_RUNS`` is (`runs_root`), not from the
+    notebook kernel's working directory (``notebooks/``)."""
     out = os.environ.get(FIGURES_ENV)
     if not out:
         return None
-    path = pathlib.Path(out) / f"{name}.png"
+    folder = pathlib.Path(out)
+    path = (folder if folder.is_absolute() else REPO_ROOT / folder) / f"{name}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     return path
@@ -230,13 +248,14 @@ def measured_staleness(run: Run, skip: int | None = None) -> tuple[float, float]
 
 
 def sweep_rows(runs: Iterable[Run], window: int = 10) -> list[dict[str, Any]]:
-    """One row per run: ``method, inter_lag, intra_switches, seed, final_reward,
-    measured_inter, measured_intra, eval_after, run`` (eval_after: the summary's
-    ``eval_accuracy_after`` or NaN)."""
+    """One row per run: ``method, sync, rl_steps, inter_lag, intra_switches, seed,
+    final_reward, measured_inter, measured_intra, eval_after, run`` (eval_after: the
+    summary's ``eval_accuracy_after`` or NaN)."""
     rows = []
     for r in runs:
         inter, intra = measured_staleness(r)
-        rows.append({"method": r.method, "inter_lag": r.inter_lag, "intra_switches": r.intra_switches,
+        rows.append({"method": r.method, "sync": r.is_sync, "rl_steps": r.steps,
+                     "inter_lag": r.inter_lag, "intra_switches": r.intra_switches,
                      "seed": r.seed, "final_reward": final_reward(r, window),
                      "measured_inter": inter, "measured_intra": intra,
                      "eval_after": float((r.summary or {}).get("eval_accuracy_after", float("nan"))),
@@ -249,15 +268,24 @@ def staleness_axis(rows: Sequence[dict[str, Any]], axis: str, value: str = "fina
     """Per method, ``(x, mean, std)`` of ``value`` over seeds against ``axis``
     (``"inter_lag"`` or ``"intra_switches"``), using the rows whose other axis equals
     ``fixed`` (the ESTR Fig. 9 protocol: intra 1 when sweeping inter, and vice versa).
-    Sync rows (both axes 0) are left out: plot them as a reference level."""
+    Sync rows (``sync``, or a method named ``"... sync"``) are left out: plot them as a
+    reference level.
+    Runs of different lengths (``rl_steps``) are never pooled into one point: a method
+    with several lengths gives one series per length, ``"<method>, <n> steps"``."""
     other = {"inter_lag": "intra_switches", "intra_switches": "inter_lag"}.get(axis)
     if other is None:
         raise ValueError(f"staleness_axis: axis must be 'inter_lag' or 'intra_switches', got {axis!r}")
     out = {}
-    for method in sorted({r["method"] for r in rows}):
-        if method.endswith(" sync"):
-            continue
-        sel = [r for r in rows if r["method"] == method and r[other] == fixed]
+    stale = [r for r in rows if not (r.get("sync") or r["method"].endswith(" sync"))]
+    series: dict[str, list[dict[str, Any]]] = {}
+    for method in sorted({r["method"] for r in stale}):
+        mine = [r for r in stale if r["method"] == method]
+        lengths = sorted({r.get("rl_steps") for r in mine}, key=lambda n: (n is None, n or 0))
+        for n in lengths:
+            name = method if len(lengths) == 1 else f"{method}, {n} steps"
+            series[name] = [r for r in mine if r.get("rl_steps") == n]
+    for method, mine in series.items():
+        sel = [r for r in mine if r[other] == fixed]
         xs = sorted({r[axis] for r in sel})
         if not xs:
             continue

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from experiments.analysis import styles
+
 
 def paired_figure(report: dict[str, Any]):
     """A forest plot, one row per arm other than the baseline (top to bottom in the
@@ -32,7 +34,7 @@ def paired_figure(report: dict[str, Any]):
     for y, (arm, p) in zip(ys, rows):
         lo, hi = p["ci95"] if p["ci95"] else (p["mean"], p["mean"])
         ax.errorbar([p["mean"]], [y], xerr=[[p["mean"] - lo], [hi - p["mean"]]], fmt="o",
-                    color="C3" if arm.startswith("entr") else "C0", capsize=3)
+                    color=styles.method_style(arm)["color"], capsize=3)
         for i, (ws, d) in enumerate(sorted(p["by_ws"].items())):
             ax.plot([d], [y - 0.2], "^v<>sd"[i % 6], mfc="none", color="0.3", ms=5,
                     label=f"warm start {ws}" if y == ys[0] else None)
@@ -49,7 +51,8 @@ def tuning_figure(study: dict[str, Any], rows: list[dict[str, Any]],
                   choice: dict[str, Any] | None = None):
     """One panel per tuned gate (``[tuning.X]``): each candidate's tuning runs (markers by
     warm start) and their mean (bar), the means of the untuned ``tuning_arms`` as
-    horizontal lines, and the chosen candidate (``choice``, when given) in red. ``rows``:
+    horizontal lines in their method's style, and the chosen candidate (``choice``, when
+    given) in red, the others dark grey. ``rows``:
     `experiments.study.stage_results` of the tune stage. Returns the figure."""
     import matplotlib.pyplot as plt
 
@@ -68,13 +71,15 @@ def tuning_figure(study: dict[str, Any], rows: list[dict[str, Any]],
                 ax.plot([i + 0.08 * (wss.index(r["ws"]) - 0.5)], [r[key]], "os"[wss.index(r["ws"]) % 2],
                         mfc="none", color="0.35", ms=4,
                         label=f"warm start {r['ws']}" if i == 0 and r["seed"] == mine[0]["seed"] else None)
-            if mine:
+            if mine:  # the candidate's mean: dark grey, the chosen one red (not a method colour)
                 ax.hlines(np.mean([r[key] for r in mine]), i - 0.3, i + 0.3, lw=2.5,
-                          color="C3" if i == chosen else "C0")
-        for j, arm in enumerate(arms):
+                          color="red" if i == chosen else "0.2",
+                          label=("chosen (mean)" if i == chosen else
+                                 "candidate (mean)" if i == (1 if chosen == 0 else 0) else None))
+        for arm in arms:
             vals = [r[key] for r in rows if r["arm"] == arm]
             if vals:
-                ax.axhline(np.mean(vals), ls="--", lw=1, color=f"C{j + 4}", label=f"{arm} (mean)")
+                ax.axhline(np.mean(vals), lw=1.2, label=f"{arm} (mean)", **styles.method_style(arm))
         ax.set_xticks(range(len(own)), [", ".join(f"{k} {v:.3g}" for k, v in o.items())
                                         for o in own], rotation=30, ha="right", fontsize=7)
         ax.set(title=gate, xlabel="candidate")
