@@ -263,6 +263,7 @@ def test_the_failed_push_is_not_retried_as_a_bug_by_the_run(tmp_path, capsys):
                           "outage_wait_s=1 s. What they answered: http://127.0.0.1:1 x")
     argv = ["quickstart", "--run_dir", str(tmp_path / "r"), "--sampler.kind", "sglang"]
     os.makedirs(tmp_path / "r")
+    (tmp_path / "r" / "config.json").write_text("{}")  # the run had started: --resume holds
     assert run._fail(err, False, str(tmp_path / "r"), argv) == 2
     printed = capsys.readouterr().err.strip()
     assert printed.startswith("entr-run: error: weight push of version 3 failed: ")
