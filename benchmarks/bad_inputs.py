@@ -8,7 +8,7 @@ Usage::
 Every case of `benchmarks.bad_input_cases` runs in this process through
 `experiments.run.main` (the command line a user runs), each in its own folder, with the
 run's first real work replaced by a private sentinel: the learner's checkpoint manager
-(`experiments.job.Job.setup`) is built after every refusal (run directory, resume
+(`experiments.build.build`) is built after every refusal (run directory, resume
 policy, devices, model and tokenizer files, task data, the weights' values, the learner's
 config), so a case that gets there has "reached the work" and nothing is trained. Each
 case is classified as
@@ -139,7 +139,7 @@ def _names(message: str, name: str) -> bool:
 
 def try_case(argv: list[str]) -> dict[str, Any]:
     """Run ``entr-run argv`` in this process, stopped at the work; the outcome record."""
-    from experiments import job as job_module
+    from experiments import build as job_module
     from experiments import run as cli
 
     def reached(*args, **kwargs):

@@ -16,6 +16,7 @@ so a resumed run neither loses nor repeats a batch.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -23,7 +24,8 @@ from typing import Any, Callable, ContextManager
 
 from entr_jax import staleness as st
 from experiments.rollouts import RolloutBatch, entropy_estimated_count
-from experiments.sources import MakeEpisodes, policy_tokens, timing
+from experiments.sources import (MakeEpisodes, fleet_counters, load_line, policy_tokens,
+                                 ring_and_line_state, timing)
 
 _STOP = object()
 
@@ -84,31 +86,42 @@ class AsyncSource:
     """``staleness.mode=async`` (module docstring); a `experiments.sources.RolloutSource`.
 
     Args:
-      cfg: the staleness config (``max_staleness``).
+      cfg: the staleness config (``max_staleness``, ``ring_size``).
       steps: the run's learner steps.
       sampler: the sampler (its ``update_weights`` must be safe to call while it decodes).
       episodes: makes this process's trajectories of a batch.
-      line, ring: the delay line (its parked batches are served first: those a
-        checkpoint saved) and the parameter ring (its newest version is what the sampler
-        starts with).
-      start: the first learner step to serve.
       add_time: ``add_time(name, seconds)`` receives ``rl/wait_s`` per step.
+
+    The ring's newest version (version 0 published, or a restored ring) is what the
+    sampler starts with; the delay line's parked batches (those a checkpoint saved) are
+    served first.
     """
 
     mode = "async"
 
     def __init__(self, cfg: st.StalenessConfig, steps: int, sampler: Any,
-                 episodes: MakeEpisodes, line: st.DelayLine, ring: st.ParamRing,
-                 start: int = 0, add_time: Callable[[str, float], None] | None = None):
-        self.sampler, self.line, self.ring, self.next_step = sampler, line, ring, start
+                 episodes: MakeEpisodes, *,
+                 add_time: Callable[[str, float], None] | None = None):
+        self.cfg, self.steps, self.sampler, self.episodes = cfg, steps, sampler, episodes
+        self.line, self.ring = st.DelayLine(cfg), st.ParamRing(cfg.ring_size)
+        self.next_step = 0
         self.add_time = add_time
         self.out: queue.Queue = queue.Queue()
+        self.producer: _Producer | None = None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.ring = state["ring"]
+        load_line(self.line, state["delay_line"])
+        self.next_step = self.line.state_dict()["consumed"]
+
+    def start(self) -> None:
+        line = self.line
         for b in sorted(line.state_dict()["pending"]):  # batches queued at the checkpoint
             self.out.put(line.pop(b))
-        newest = ring.versions[-1]  # the learner's current weights, already copied
-        sampler.update_weights(ring.get(newest), newest)
-        self.producer = _Producer(sampler, episodes, start + self.out.qsize(), steps,
-                                  cfg.max_staleness, newest, self.out)
+        newest = self.ring.versions[-1]  # the learner's current weights, already copied
+        self.sampler.update_weights(self.ring.get(newest), newest)
+        self.producer = _Producer(self.sampler, self.episodes, self.next_step + self.out.qsize(),
+                                  self.steps, self.cfg.max_staleness, newest, self.out)
         self.producer.start()
 
     def next_batch(self) -> tuple[RolloutBatch, dict[str, float]]:
@@ -126,17 +139,28 @@ class AsyncSource:
     def publish(self, weights: Any, version: int) -> None:
         if version not in self.ring.versions:
             self.ring.push(version, weights)
+        if self.producer is None:  # not started: `start` hands the newest to the sampler
+            return
         newest = self.ring.versions[-1]
         self.sampler.update_weights(self.ring.get(newest), newest)
         self.producer.advance(newest)
 
+    def counters(self) -> dict[str, float]:
+        return fleet_counters(self.sampler)
+
     def pending(self) -> list[RolloutBatch]:
+        """Batches made and not yet consumed, oldest first."""
         return [b for b in list(self.out.queue) if b is not _STOP]
 
+    def state_dict(self) -> dict[str, Any]:
+        return ring_and_line_state(self.ring, self.line, self.pending(), self.next_step)
+
     def hold(self) -> ContextManager[Any]:
-        return self.producer.lock
+        return self.producer.lock if self.producer is not None else contextlib.nullcontext()
 
     def close(self) -> None:
+        if self.producer is None:
+            return
         self.producer.stop()
         self.producer.join(timeout=60)
         if self.producer.error is not None:

@@ -14,9 +14,10 @@ is as stale as the source makes it; nothing else in the loop knows about stalene
   the learner trains, at most ``staleness.max_staleness`` versions ahead; staleness is
   measured, not planned.
 
-Both keep the parameter ring (the last ``staleness.ring_size`` published versions) and
-the delay line (batches generated, not yet consumed) that a checkpoint stores
-(`experiments.checkpointing`).
+Each source owns its staleness state: the parameter ring (the last
+``staleness.ring_size`` published versions) and the delay line (batches generated, not yet
+consumed), built from the staleness config and saved and restored through `state_dict` /
+`load_state_dict` (`experiments.checkpointing` stores what `state_dict` returns).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import numpy as np
 from entr_jax import staleness as st
 from entr_jax.interfaces import SamplingParams
 from entr_jax.types import Trajectory
+from experiments.decomposition import logp_at_token_version
 from experiments.rollouts import RolloutBatch, entropy_estimated_count
 
 # (sampler, batch id) -> this process's trajectories of that batch, sampled by ``sampler``
@@ -40,15 +42,19 @@ MakeEpisodes = Callable[[Any, int], list[Trajectory]]
 class RolloutSource(Protocol):
     """What the RL loop reads batches from and publishes weights to.
 
+    A source is built, then given its state: `publish` of version 0 (a fresh run) or
+    `load_state_dict` (a resume); `start` begins serving at the delay line's position.
+
     Attributes:
-      ring: the last published versions (`entr_jax.staleness.ParamRing`).
-      line: the batches generated ahead of the learner (`entr_jax.staleness.DelayLine`).
       mode: ``"simulated"`` or ``"async"`` (for progress displays).
+      next_step: the learner step whose batch `next_batch` hands over next.
     """
 
-    ring: st.ParamRing
-    line: st.DelayLine
     mode: str
+    next_step: int
+
+    def start(self) -> None:
+        """Begin serving batches (the async source starts its producer thread)."""
 
     def next_batch(self) -> tuple[RolloutBatch, dict[str, float]]:
         """The batch of the next learner step and the wall-time figures of getting it:
@@ -58,8 +64,17 @@ class RolloutSource(Protocol):
         """The learner's weights after a step, as ``version`` (unchanged versions are
         ignored by the ring)."""
 
-    def pending(self) -> list[RolloutBatch]:
-        """Batches generated and not yet consumed (a checkpoint stores them)."""
+    def counters(self) -> dict[str, float]:
+        """The sampler's cumulative counters now (``sglang/*``; empty for the embedded
+        sampler), for the metrics line of the batch just handed over."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"ring": ParamRing, "delay_line": {"consumed", "pending": {id: batch JSON}}}``:
+        the published versions kept and the batches generated, not yet consumed (call it
+        inside `hold`)."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a `state_dict` (before `start`)."""
 
     def hold(self) -> ContextManager[None]:
         """Keep the source still (no batch half made) while a checkpoint is saved."""
@@ -71,6 +86,34 @@ class RolloutSource(Protocol):
 def policy_tokens(batch: RolloutBatch) -> int:
     """The batch's policy tokens (``loss_mask`` true) on this process."""
     return sum(int(np.sum(t.loss_mask)) for t in batch.trajectories)
+
+
+def fleet_counters(sampler: Any) -> dict[str, float]:
+    """The ``sglang/*`` counters of a sampler that reports them
+    (`samplers.sglang_fleet.SGLangFleet.metrics`: cumulative retries, failovers,
+    timeouts, refusals, outages, servers and router taken out and back, failed weight
+    pushes, dropped, invalid and masked tokens; the servers out of rotation now); empty
+    for a sampler without ``metrics`` (the embedded one)."""
+    metrics = getattr(sampler, "metrics", None)
+    if not callable(metrics):
+        return {}
+    return {k: float(v) for k, v in metrics().items() if k.startswith("sglang/")}
+
+
+def ring_and_line_state(ring: st.ParamRing, line: st.DelayLine, pending: Sequence[RolloutBatch],
+                        next_step: int) -> dict[str, Any]:
+    """A source's `RolloutSource.state_dict` from its ring, line and parked batches."""
+    return {"ring": ring, "delay_line": {
+        "consumed": max(line.state_dict()["consumed"], next_step),
+        "pending": {str(b.batch_id): b.to_json() for b in pending}}}
+
+
+def load_line(line: st.DelayLine, state: dict[str, Any]) -> None:
+    """Set ``line`` from the ``delay_line`` item of a `RolloutSource.state_dict`."""
+    line.load_state_dict({
+        "consumed": state["consumed"],
+        "pending": {int(k): RolloutBatch.from_json(b) for k, b in state["pending"].items()},
+    })
 
 
 def timing(sample_s: float, wait_s: float, sampled_tokens: int) -> dict[str, float]:
@@ -126,33 +169,32 @@ class SimulatedSource:
     """The seeded staleness plan of ``sync`` and ``simulated`` mode (module docstring).
 
     Args:
-      cfg: the staleness plan.
+      cfg: the staleness plan (and ``ring_size``).
       steps: the run's learner steps (batches past the last are never generated).
       sampler: the sampler (`entr_jax.interfaces.Sampler`; intra switches need the
         ``weight_schedule`` keyword of `samplers.jax_sampler.JaxSampler`).
       episodes: makes this process's trajectories of a batch (`MakeEpisodes`).
-      line, ring: the delay line and parameter ring to continue from (restored from a
-        checkpoint, or new; a new ring holds version 0).
-      start: the first learner step to serve.
-      on_batch: called as ``on_batch(batch, ring, versions, switch_steps)`` after each
-        batch is generated, while the ring still holds every version it used (e.g. to
-        score it at its tokens' versions, `experiments.decomposition`).
+      scorer, score_every: the decomposition option: every ``score_every`` batches (0:
+        never) the batch's tokens are scored at their own versions by ``scorer`` (a
+        `learners.learner.Learner`) while the ring still holds every version it used
+        (``RolloutBatch.logp_version``, `experiments.decomposition`).
       add_time: ``add_time(name, seconds)`` receives ``rl/sample_s`` per step.
     """
 
     mode = "simulated"
 
     def __init__(self, cfg: st.StalenessConfig, steps: int, sampler: Any,
-                 episodes: MakeEpisodes, line: st.DelayLine, ring: st.ParamRing,
-                 start: int = 0, on_batch: Callable[..., None] | None = None,
+                 episodes: MakeEpisodes, *, scorer: Any = None, score_every: int = 0,
                  add_time: Callable[[str, float], None] | None = None):
         self.cfg, self.steps, self.sampler, self.episodes = cfg, steps, sampler, episodes
-        self.line, self.ring, self.next_step = line, ring, start
-        self.on_batch, self.add_time = on_batch, add_time
+        self.line, self.ring = st.DelayLine(cfg), st.ParamRing(cfg.ring_size)
+        self.next_step = 0
+        self.scorer, self.score_every, self.add_time = scorer, score_every, add_time
 
-    def generate(self, batch_id: int) -> tuple[RolloutBatch, list[int], tuple[int, ...]]:
+    def generate(self, batch_id: int) -> RolloutBatch:
         """Batch ``batch_id`` with the newest weights in the ring and the
-        intra-trajectory switches the plan gives it; with its versions and switch steps."""
+        intra-trajectory switches the plan gives it (scored at its tokens' versions when
+        the decomposition option says so)."""
         versions, switch_steps = intra_versions(self.cfg, batch_id, self.ring)
         start = time.perf_counter()
         sampler = self.sampler
@@ -164,7 +206,12 @@ class SimulatedSource:
         batch = RolloutBatch(batch_id, versions[-1], trajs, time.perf_counter() - start,
                              first_version=versions[0],
                              entropy_estimated_tokens=entropy_estimated_count(sampler) - estimated)
-        return batch, versions, switch_steps
+        if self.scorer is not None and self.score_every and batch_id % self.score_every == 0:
+            batch.logp_version = logp_at_token_version(self.scorer, trajs, self.ring, versions)
+        return batch
+
+    def start(self) -> None:
+        pass
 
     def next_batch(self) -> tuple[RolloutBatch, dict[str, float]]:
         n = self.next_step
@@ -172,9 +219,7 @@ class SimulatedSource:
         for m in self.line.due(n):
             if m >= self.steps:  # the last steps' lookahead: no step would read it
                 continue
-            made, versions, switch_steps = self.generate(m)
-            if self.on_batch is not None:
-                self.on_batch(made, self.ring, versions, switch_steps)
+            made = self.generate(m)
             self.line.put(m, made)
             sample_s += made.sample_s
             sampled += policy_tokens(made)
@@ -188,8 +233,18 @@ class SimulatedSource:
         if version not in self.ring.versions:
             self.ring.push(version, weights)
 
-    def pending(self) -> list[RolloutBatch]:
-        return list(self.line.state_dict()["pending"].values())
+    def counters(self) -> dict[str, float]:
+        return fleet_counters(self.sampler)
+
+    def state_dict(self) -> dict[str, Any]:
+        return ring_and_line_state(self.ring, self.line,
+                                   list(self.line.state_dict()["pending"].values()),
+                                   self.next_step)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.ring = state["ring"]
+        load_line(self.line, state["delay_line"])
+        self.next_step = self.line.state_dict()["consumed"]
 
     def hold(self) -> ContextManager[None]:
         return contextlib.nullcontext()

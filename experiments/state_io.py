@@ -1,5 +1,5 @@
-"""Checkpoint side items of the RL loop: the delay line's parked batches (JSON) and the
-parameter ring (``.npz`` next to each orbax checkpoint)."""
+"""Checkpoint side item of the RL loop: the parameter ring (``.npz`` next to each orbax
+checkpoint)."""
 
 from __future__ import annotations
 
@@ -11,24 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from entr_jax.staleness import DelayLine, ParamRing
-from experiments.rollouts import RolloutBatch
-
-
-def delay_line_json(line: DelayLine, pending: Iterable[RolloutBatch], next_step: int) -> dict:
-    """JSON of a delay line about to resume at ``next_step`` with these parked batches."""
-    return {
-        "consumed": max(line.state_dict()["consumed"], next_step),
-        "pending": {str(b.batch_id): b.to_json() for b in pending},
-    }
-
-
-def load_delay_line(line: DelayLine, state: dict) -> None:
-    """Inverse of `delay_line_json` (float32 values round-trip exactly through JSON)."""
-    line.load_state_dict({
-        "consumed": state["consumed"],
-        "pending": {int(k): RolloutBatch.from_json(b) for k, b in state["pending"].items()},
-    })
+from entr_jax.staleness import ParamRing
 
 
 class RingFileError(RuntimeError):

@@ -2,15 +2,15 @@
 (wall-clock ones: ``time/*``, ``throughput/*``) and TensorBoard.
 
 A step's line joins the loop's record of it (rollout metrics, timings) with the learner's
-metrics of the step, which the learner hands over one step later (`Learner.train_on`
-returns the previous step's), and the fleet's counters (`experiments.fleet`)."""
+metrics of the step (paired by the loop, `experiments.loop`) and the sampler's counters
+taken when the step's batch was handed over (`experiments.sources.fleet_counters`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from experiments import multiprocess as mp
-from experiments.fleet import fleet_metrics
+from experiments.loop import StepInfo
 from experiments.rundir import RunDir
 
 # metric keys that depend on wall-clock time; they go to timing.jsonl, not metrics.jsonl
@@ -24,27 +24,17 @@ def split_timing(record: dict[str, Any]) -> tuple[dict, dict]:
 
 
 class StepLog:
-    """Writes step lines (module docstring) to ``run``, TensorBoard ``logger`` and with
-    the counters of ``sampler``."""
+    """Writes step lines (module docstring) to ``run`` and the TensorBoard ``logger``."""
 
-    def __init__(self, run: RunDir, logger: Any, sampler: Any):
-        self.run, self.logger, self.sampler = run, logger, sampler
-        self.pending: list[dict[str, Any]] = []  # records awaiting learner metrics
+    def __init__(self, run: RunDir, logger: Any):
+        self.run, self.logger = run, logger
 
-    def add(self, record: dict[str, Any], learner_metrics: dict[str, Any] | None) -> None:
-        """Queue this step's ``record`` (with ``step`` and ``version``) and write the oldest
-        queued one with ``learner_metrics`` (the previous step's; None: nothing yet)."""
-        self.pending.append(record)
-        self.write(learner_metrics)
-
-    def write(self, learner_metrics: dict[str, Any] | None) -> None:
-        """Write the oldest queued record with these learner metrics (None: nothing)."""
-        if learner_metrics is None:
-            return
-        record = self.pending.pop(0)
+    def write(self, info: StepInfo) -> None:
+        """Write one complete step (the ``"logged"`` phase of `experiments.loop`): its
+        record, its learner metrics and the sampler's counters after its batch."""
+        record = dict(info.record)
         step, version = record.pop("step"), record.pop("version")
-        merged = {**record, **mp.global_batch_stats(learner_metrics),
-                  **fleet_metrics(self.sampler)}
+        merged = {**record, **mp.global_batch_stats(info.learner_metrics), **info.counters}
         scalars = {k: v for k, v in merged.items() if not k.startswith("hist/")}
         metrics, timing = split_timing(scalars)
         self.run.append_jsonl("metrics.jsonl", {"step": step, "version": version, **metrics})

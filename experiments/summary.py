@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from entr_jax.staleness import full_lag_steps
+from experiments.checkpointing import Book
 from experiments.config import RunConfig
 from experiments.phases import PhaseClock
 from experiments.rundir import RunDir
@@ -33,9 +34,9 @@ def time_split(clock: PhaseClock, verifier: Any, total_s: float,
             "time/compilations_by_function": split["compiles_by_function"]}
 
 
-def summary(cfg: RunConfig, run: RunDir, book: dict[str, Any], eval_sets: dict[str, Any],
+def summary(cfg: RunConfig, run: RunDir, book: Book, eval_sets: dict[str, Any],
             objective_config: Any, timing: dict[str, Any]) -> dict[str, Any]:
-    """The summary of a run from its bookkeeping (``book``: ``evals`` per phase,
+    """The summary of a run from its bookkeeping (`Book`: ``evals`` per phase,
     ``elapsed_s``, ``rl_wall_s``), its ``metrics.jsonl``, the objective's config and
     `time_split`'s figures (``timing``). The primary benchmark is the first evaluation
     set."""
@@ -43,7 +44,7 @@ def summary(cfg: RunConfig, run: RunDir, book: dict[str, Any], eval_sets: dict[s
     k = cfg.task.eval_samples
 
     def bench(phase):
-        return book["evals"][phase]["benchmarks"][primary]
+        return book.evals[phase]["benchmarks"][primary]
 
     records = run.read_jsonl("metrics.jsonl")
     rewards = [r["reward/mean"] for r in records]
@@ -67,8 +68,8 @@ def summary(cfg: RunConfig, run: RunDir, book: dict[str, Any], eval_sets: dict[s
         "sft_steps": cfg.sft.steps,
         "reward_first": float(np.mean(rewards[:w])) if rewards else None,
         "final_reward": float(np.mean(rewards[-w:])) if rewards else None,
-        "wall_clock_s": book["elapsed_s"],
-        "rl_wall_clock_s": book["rl_wall_s"],
+        "wall_clock_s": book.elapsed_s,
+        "rl_wall_clock_s": book.rl_wall_s,
         "objective": cfg.objective.name,
         "objective_config": dataclasses.asdict(objective_config),
         "staleness_mode": cfg.staleness.mode,
@@ -79,5 +80,5 @@ def summary(cfg: RunConfig, run: RunDir, book: dict[str, Any], eval_sets: dict[s
         "staleness_realised_intra_mean": realised["intra"],
         "staleness_full_lag_steps": full_lag_steps(cfg.staleness, cfg.rl_steps),
         **timing,
-        "evals": {phase: book["evals"][phase]["benchmarks"] for phase in book["evals"]},
+        "evals": {phase: book.evals[phase]["benchmarks"] for phase in book.evals},
     }

@@ -13,13 +13,17 @@ from flax import nnx
 
 from entr_jax.model import Decoder, ModelConfig
 from entr_jax.staleness import StalenessConfig
+from experiments import build, preflight
 from experiments import run as cli
 from experiments.configs import QUICKSTART
 from experiments.errors import ConfigError
 from experiments.job import Job, RunExistsError
+from experiments.phases import PhaseClock
+from experiments.rundir import RunDir
+from experiments.warm_start import warm_start
 from experiments.preflight import check_devices
 from learners.logging import LoggingConfig
-from tests.small_job import metrics, run, small_config, synthetic_advantages
+from tests.small_job import crash_at, metrics, run, small_config, synthetic
 from tests.wandb_history import offline_env, read_run
 
 
@@ -171,25 +175,16 @@ def test_resume_after_a_crash_repeats_nothing_and_is_bitwise(reference, small_mo
                                                              tmp_path, monkeypatch):
     ref_dir, ref_job, _ = reference
     cfg = small_config(small_model_dir, tmp_path / "crash")
-    original = Job.token_samples  # the first thing a learner step does with its batch
-
-    def crash_at_step_3(self, step, batch):
-        if step == 3:
-            raise KeyboardInterrupt("simulated kill")
-        return original(self, step, batch)
-
-    monkeypatch.setattr(Job, "token_samples", crash_at_step_3)
-    with pytest.raises(KeyboardInterrupt):
-        run(cfg)
-    monkeypatch.setattr(Job, "token_samples", original)
+    with pytest.raises(KeyboardInterrupt, match="simulated crash at step 3"):
+        run(cfg, hooks=[crash_at(3)])
     with pytest.raises(RunExistsError):
         Job(cfg)
     job, summary = run(cfg, resume=True)
     rows = metrics(tmp_path / "crash")
     assert [r["batch/id"] for r in rows] == [0, 1, 2, 3]
     assert (tmp_path / "crash" / "metrics.jsonl").read_bytes() == (ref_dir / "metrics.jsonl").read_bytes()
-    leaves = jax.tree.leaves(job.learner.state.params)
-    ref_leaves = jax.tree.leaves(ref_job.learner.state.params)
+    leaves = jax.tree.leaves(job.parts.learner.state.params)
+    ref_leaves = jax.tree.leaves(ref_job.parts.learner.state.params)
     assert len(leaves) == len(ref_leaves) > 0
     for a, b in zip(leaves, ref_leaves):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -251,8 +246,7 @@ def test_cli_overrides_reach_the_config(tmp_path):
                         "--sampling.top_k", "20", "--sampling.min_p", "0.05",
                         "--verifier.num_workers", "2", "--verifier.timeout_s", "3"])
     assert (cfg.verifier.num_workers, cfg.verifier.timeout_s) == (2, 3.0)
-    job = Job(dataclasses.replace(cfg, run_dir=str(tmp_path / "never_written")), show_progress=False)
-    lc = job.learner_config(cfg.optim, pad_id=0)  # what the learner will score
+    lc = build.learner_config(cfg, cfg.optim, pad_id=0)  # what the learner will score
     assert (lc.temperature, lc.top_k, lc.top_p, lc.min_p) == (0.7, 20, 0.9, 0.05)
     # the same filters are refused with SGLang; without them the SGLang config builds
     cfg, _ = cli.parse(["quickstart", *_SGLANG, "--objective.entr.entropy_source", "behavior_topk"])
@@ -362,8 +356,8 @@ def _kl_to(job, ref_params) -> float:
     first 16 demonstrations (fixed contexts, so both runs are measured on the same states)."""
     from experiments.tasks import demo_trajectory
 
-    learner = job.learner
-    trajs = [demo_trajectory(d, job.tokenizer) for d in job.task.demos[:16]]
+    learner = job.parts.learner
+    trajs = [demo_trajectory(d, job.parts.tokenizer) for d in job.parts.task.demos[:16]]
     batch, _ = learner._device_batch(trajs, [0.0] * len(trajs))
     tokens, attention = (np.asarray(x).reshape(-1, x.shape[-1]) for x in (batch.tokens, batch.attention_mask))
     mask = np.asarray(batch.loss_mask).reshape(-1, tokens.shape[1] - 1)
@@ -403,15 +397,10 @@ KL_COEF = 20.0
 def kl_runs(small_model_dir, tmp_path_factory):
     """GRPO with kl_coef 0 and KL_COEF (same seed, synthetic advantages, LR 1e-2, 2
     mini-batches per rollout batch)."""
-    original = Job.advantages
     out = {}
-    Job.advantages = synthetic_advantages
-    try:
-        for coef in (0.0, KL_COEF):
-            d = tmp_path_factory.mktemp(f"kl{coef}")
-            out[coef] = (d, run(kl_config(small_model_dir, d, coef))[0])
-    finally:
-        Job.advantages = original
+    for coef in (0.0, KL_COEF):
+        d = tmp_path_factory.mktemp(f"kl{coef}")
+        out[coef] = (d, run(kl_config(small_model_dir, d, coef), advantages=synthetic)[0])
     return out
 
 
@@ -419,8 +408,8 @@ def test_kl_to_the_reference_pulls_the_policy_towards_it(kl_runs, small_model_di
     warm = _model_params(small_model_dir)
     (d0, job0), (d1, job1) = kl_runs[0.0], kl_runs[KL_COEF]
     # the frozen reference is the warm start (model.path here), bit for bit
-    assert job0.learner.ref_params is None and not (d0 / "reference.npz").exists()
-    for a, b in zip(jax.tree.leaves(job1.learner.ref_params), jax.tree.leaves(warm)):
+    assert job0.parts.learner.ref_params is None and not (d0 / "reference.npz").exists()
+    for a, b in zip(jax.tree.leaves(job1.parts.learner.ref_params), jax.tree.leaves(warm)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     kl0, kl1 = _kl_to(job0, warm), _kl_to(job1, warm)
     # measured on this setup: kl0 = 0.0202 (the policy moved), kl1 = 0.0133 (KL_COEF = 20;
@@ -459,21 +448,11 @@ def test_reference_policy_survives_resume(kl_runs, small_model_dir, tmp_path, mo
     """Killed at step 2 and resumed: the same reference (bit for bit) and the same metrics
     as the uninterrupted run."""
     d1, job1 = kl_runs[KL_COEF]
-    original = Job.token_samples  # the first thing a learner step does with its batch
-
-    def crash_at_step_2(self, step, batch):
-        if step == 2:
-            raise KeyboardInterrupt("simulated kill")
-        return original(self, step, batch)
-
-    monkeypatch.setattr(Job, "advantages", synthetic_advantages)
-    monkeypatch.setattr(Job, "token_samples", crash_at_step_2)
     cfg = kl_config(small_model_dir, tmp_path / "crash", KL_COEF)
-    with pytest.raises(KeyboardInterrupt):
-        run(cfg)
-    monkeypatch.setattr(Job, "token_samples", original)
-    job, _ = run(cfg, resume=True)
-    for a, b in zip(jax.tree.leaves(job.learner.ref_params), jax.tree.leaves(job1.learner.ref_params)):
+    with pytest.raises(KeyboardInterrupt, match="simulated crash at step 2"):
+        run(cfg, hooks=[crash_at(2)], advantages=synthetic)
+    job, _ = run(cfg, resume=True, advantages=synthetic)
+    for a, b in zip(jax.tree.leaves(job.parts.learner.ref_params), jax.tree.leaves(job1.parts.learner.ref_params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert (tmp_path / "crash" / "metrics.jsonl").read_bytes() == (d1 / "metrics.jsonl").read_bytes()
 
@@ -568,10 +547,10 @@ def test_sft_batches_are_padded_to_the_longest_demonstration(small_model_dir, tm
 
     cfg = small_config(small_model_dir, tmp_path / "sft",
                        sft=dataclasses.replace(QUICKSTART.sft, steps=3, batch_size=4))
-    job = Job(cfg, show_progress=False)
-    job.prepare_task()
-    job.run.start(cfg.to_json())
-    job.setup()
+    run_dir, clock = RunDir(cfg.run_dir), PhaseClock()
+    run_dir.start(cfg.to_json())
+    model_cfg = preflight.read_model_config(cfg.model.path)
+    parts = build.build(cfg, run_dir, build.prepare_task(cfg, model_cfg), model_cfg, clock)
     lengths = []
     make_batch = learner_module.make_batch
 
@@ -581,13 +560,16 @@ def test_sft_batches_are_padded_to_the_longest_demonstration(small_model_dir, tm
         return batch, stats
 
     monkeypatch.setattr(learner_module, "make_batch", recording)
-    job.clock.start()
-    job.warm_start(job.module_fn, job.learner.hand_over_params())
-    job.clock.stop()
-    seqs = [demo_trajectory(d, job.tokenizer) for d in job.task.demos]
+    clock.start()
+    warm_start(cfg, parts.task, parts.tokenizer, parts.module_fn,
+               parts.learner.hand_over_params(),
+               lambda *a, **k: build.learner_config(cfg, *a, **k), parts.share, run_dir, clock,
+               show_progress=False)
+    clock.stop()
+    seqs = [demo_trajectory(d, parts.tokenizer) for d in parts.task.demos]
     longest = max(len(t.prompt_ids) + len(t.response_ids) for t in seqs)
     assert longest < 16 and lengths == [longest] * 3
-    assert job.clock.split()["counts"] == {"sft_steps": 3}
+    assert clock.split()["counts"] == {"sft_steps": 3}
 
 
 def test_sft_warm_start_trains_the_model_path_weights(small_model_dir, tmp_path):
@@ -640,8 +622,8 @@ def test_sampler_replicas_sample_the_tokens_of_one_device(reference, small_model
     ref_dir, ref_job, _ = reference
     job, _ = run(small_config(small_model_dir, tmp_path / "replicas",
                               sampler=dataclasses.replace(QUICKSTART.sampler, num_devices=-1)))
-    assert job.sampler.config.num_devices == len(jax.local_devices()) == 8
-    assert ref_job.sampler.config.num_devices == 1
+    assert job.parts.sampler.config.num_devices == len(jax.local_devices()) == 8
+    assert ref_job.parts.sampler.config.num_devices == 1
     too_many = small_config(small_model_dir, tmp_path / "never",
                             sampler=dataclasses.replace(QUICKSTART.sampler, num_devices=9))
     with pytest.raises(ConfigError, match=r"^sampler.num_devices=9 but this process has 8 "

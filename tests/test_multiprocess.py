@@ -192,7 +192,7 @@ def uninterrupted(root, killed):
 
 def one_process_batches(num_batches: int) -> list[list[str]]:
     """Example ids of the first batches of a one-process run with the same seed (the
-    job's prompt stream: `experiments.job.Job.setup`)."""
+    job's prompt stream: `experiments.build.build`)."""
     task = build_task(TaskSpec(**TASK))
     data = PromptBatchIterator(task.train, PromptDataConfig(batch_size=TASK["prompts_per_step"],
                                                             seed=0))
