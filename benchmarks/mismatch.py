@@ -98,9 +98,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--low-entropy", type=float, default=0.1)
     args = p.parse_args(argv)
 
-    from experiments.config import ModelSpec
-    from experiments.configs import preset
-    from experiments.job import Job
+    from experiments.run.config import ModelSpec
+    from experiments.run.configs import preset
+    from experiments.run.job import Job
     from samplers.jax_sampler import JaxSampler, JaxSamplerConfig
 
     base = preset(args.preset)

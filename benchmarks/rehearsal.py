@@ -16,7 +16,7 @@ What it does, per dtype (``--dtypes float32 bfloat16``):
    sampler and checkpoint dtypes are ``--model.dtype/param_dtype/sampler_dtype`` = the
    dtype;
 3. in a second process, restores the newest checkpoint through the job
-   (`experiments.job.Job`), exports the trained policy with `experiments.export.export_policy` (Hugging Face
+   (`experiments.run.job.Job`), exports the trained policy with `experiments.run.export.export_policy` (Hugging Face
    layout), reloads it with `entr_jax.model.from_pretrained` and checks that every
    parameter is bitwise the checkpoint's and that the logits of one prompt agree.
 
@@ -115,9 +115,9 @@ def export_and_reload(model_dir: str, run_dir: str, dtype: str, export_dir: str,
     import numpy as np
 
     from entr_jax.model import from_pretrained, to_hf_state_dict
-    from experiments.export import export_policy
-    from experiments.job import Job
-    from experiments.run import parse
+    from experiments.run.export import export_policy
+    from experiments.run.job import Job
+    from experiments.run.cli import parse
 
     cfg, _ = parse(job_args(model_dir, run_dir, dtype, mode, int(microbatches)))
     job = Job(cfg, resume=True, show_progress=False)

@@ -44,7 +44,7 @@ measured inter staleness only for trajectories that realise all switches. When e
 first turn has at least ``switch_window`` tokens (choose ``switch_window`` at most the
 shortest response length) measured == configured for both quantities. The loop reports what was
 realised: ``staleness/unrealised_switches`` (sum of ``u`` over the batch) and
-``staleness/all_switches_frac`` (`experiments.rollouts.rollout_metrics`).
+``staleness/all_switches_frac`` (`experiments.run.rollouts.rollout_metrics`).
 
 Everything here is host-side numpy and deterministic in ``(seed, batch index)``, so a run
 is reproducible bit for bit and resumable from `DelayLine.state_dict`.

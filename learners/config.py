@@ -1,5 +1,5 @@
 """The learner's configuration: the knobs a run sets (`LearnerOptions`, which
-`experiments.config.LearnerSpec` is with the run's field prefix) and the whole
+`experiments.run.config.LearnerSpec` is with the run's field prefix) and the whole
 `LearnerConfig` the `learners.learner.Learner` is built from. Each knob has one name, one
 default and one check, here."""
 
@@ -37,7 +37,7 @@ class LearnerOptions:
 
     Raises:
       ValueError: a count below 1, named with ``FIELD_PREFIX`` (``LearnerConfig.`` here,
-        ``learner.`` for a run's `experiments.config.LearnerSpec`).
+        ``learner.`` for a run's `experiments.run.config.LearnerSpec`).
     """
 
     FIELD_PREFIX: ClassVar[str] = "LearnerConfig."

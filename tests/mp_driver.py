@@ -15,8 +15,8 @@ import os
 import signal
 import sys
 
-from experiments import job, run
-from experiments.loop import Hook
+from experiments.run import job, cli as run
+from experiments.run.loop import Hook
 
 
 def main() -> int:

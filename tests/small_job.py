@@ -7,9 +7,9 @@ import json
 import numpy as np
 
 from entr_jax.staleness import StalenessConfig
-from experiments.configs import QUICKSTART
-from experiments.job import Job
-from experiments.loop import Hook
+from experiments.run.configs import QUICKSTART
+from experiments.run.job import Job
+from experiments.run.loop import Hook
 
 
 def small_argv(model_dir, run_dir, *extra):

@@ -1,4 +1,4 @@
-"""`experiments.async_source.AsyncSource` on a fake sampler: the staleness bound, real
+"""`experiments.run.async_source.AsyncSource` on a fake sampler: the staleness bound, real
 overlap (the producer runs ahead of the learner), stop, an early producer failure, and a
 checkpoint's state served first after a restore. No model, no JAX."""
 
@@ -9,7 +9,7 @@ import pytest
 
 from entr_jax.staleness import StalenessConfig
 from entr_jax.types import Trajectory
-from experiments.async_source import AsyncSource
+from experiments.run.async_source import AsyncSource
 
 WAIT_S = 30.0  # generous upper bound for a thread to reach a point; never a timing assertion
 

@@ -1,4 +1,4 @@
-"""The split of every log-ratio into mismatch and staleness (`experiments.decomposition`,
+"""The split of every log-ratio into mismatch and staleness (`experiments.run.decomposition`,
 `experiments.analysis.decompose`): exact on a planted mismatch, zero staleness at lag 0,
 zero mismatch with a float32 sampler, and the parts adding up to the whole."""
 
@@ -18,8 +18,8 @@ from entr_jax.staleness import ParamRing, StalenessConfig
 from entr_jax.types import Trajectory
 from experiments.analysis import decompose, decompose_tables
 from experiments.analysis.runs import load_run
-from experiments.config import SamplerSpec
-from experiments.decomposition import logp_at_token_version
+from experiments.run.config import SamplerSpec
+from experiments.run.decomposition import logp_at_token_version
 from learners.learner import Learner, LearnerConfig
 from learners.optim import OptimizerConfig
 from samplers.jax_sampler import JaxSampler, JaxSamplerConfig

@@ -10,9 +10,9 @@ import textwrap
 # the run of `test_resume`, with the checkpoint directory turned into a file at RL step 1
 SCRIPT = textwrap.dedent("""
     import pathlib, shutil, sys
-    from experiments import run
-    from experiments.job import Job
-    from experiments.loop import Hook
+    from experiments.run import cli as run
+    from experiments.run.job import Job
+    from experiments.run.loop import Hook
 
     run_dir, model = pathlib.Path(sys.argv[1]), sys.argv[2]
     init = Job.__init__

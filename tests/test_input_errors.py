@@ -1,4 +1,4 @@
-"""Bad input is refused before any work, through the real CLI entry (`experiments.run.main`):
+"""Bad input is refused before any work, through the real CLI entry (`experiments.run.cli.main`):
 exit status 2, one paragraph naming the field or the file, no traceback, nothing written."""
 
 import errno
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from experiments import run as cli
+from experiments.run import cli
 
 
 @pytest.fixture
@@ -261,7 +261,7 @@ def test_path_component_over_name_max(call, capsys, tmp_path):
 
 def test_read_only_run_dir_simulated(call, capsys, tmp_path, monkeypatch):
     """A directory where files cannot be created (simulated: tests may run as root)."""
-    from experiments import preflight
+    from experiments.run import preflight
 
     def refuse(*args, dir=None, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied", os.path.join(dir, "probe"))
@@ -288,7 +288,7 @@ def test_read_only_run_dir(call, capsys, tmp_path):
 
 def test_full_disk_when_writing_the_run_directory(call, capsys, tmp_path, monkeypatch):
     """ENOSPC while config.json is written: one line naming the file, nothing partial."""
-    from experiments import rundir
+    from experiments.run import rundir
 
     def full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -307,7 +307,7 @@ def test_full_disk_when_writing_the_run_directory(call, capsys, tmp_path, monkey
 
 @pytest.mark.parametrize("how", ["flag", "env"])
 def test_debug_flag_prints_the_traceback(how, capsys, tmp_path, monkeypatch):
-    from experiments import rundir
+    from experiments.run import rundir
 
     def full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -372,10 +372,10 @@ def test_prompt_plus_response_budget_over_the_model_context(call, capsys, tmp_pa
 
     from entr_jax.assets import tiny_dir
     from entr_jax.tokenizer import Tokenizer
-    from experiments import preflight
-    from experiments.configs import QUICKSTART
-    from experiments.errors import ConfigError
-    from experiments.tasks import build_task
+    from experiments.run import preflight
+    from experiments.run.configs import QUICKSTART
+    from experiments.run.errors import ConfigError
+    from experiments.run.tasks import build_task
 
     task = build_task(QUICKSTART.task)
     tok = Tokenizer.from_pretrained(str(tiny_dir()))
@@ -397,7 +397,7 @@ def test_resume_reads_the_runs_own_configuration(call, tmp_path, capsys):
     import dataclasses
     import json
 
-    from experiments.configs import QUICKSTART
+    from experiments.run.configs import QUICKSTART
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -441,8 +441,8 @@ def test_a_run_too_short_for_its_lag_is_warned_with_the_full_lag_step_count(tmp_
     only steps 33..39 get the configured lag; the job warns (and still runs)."""
     import dataclasses
 
-    from experiments import preflight
-    from experiments.configs import QUICKSTART, STRESS
+    from experiments.run import preflight
+    from experiments.run.configs import QUICKSTART, STRESS
 
     assert preflight.lag_horizon(QUICKSTART) is None  # inter 2 + 1 over 100 steps
     assert preflight.lag_horizon(STRESS) is None  # inter 4 + 3 over 60 steps

@@ -13,15 +13,15 @@ from flax import nnx
 
 from entr_jax.model import Decoder, ModelConfig
 from entr_jax.staleness import StalenessConfig
-from experiments import build, preflight
-from experiments import run as cli
-from experiments.configs import QUICKSTART
-from experiments.errors import ConfigError
-from experiments.job import Job, RunExistsError
-from experiments.phases import PhaseClock
-from experiments.rundir import RunDir
-from experiments.warm_start import warm_start
-from experiments.preflight import check_devices
+from experiments.run import build, preflight
+from experiments.run import cli
+from experiments.run.configs import QUICKSTART
+from experiments.run.errors import ConfigError
+from experiments.run.job import Job, RunExistsError
+from experiments.run.phases import PhaseClock
+from experiments.run.rundir import RunDir
+from experiments.run.warm_start import warm_start
+from experiments.run.preflight import check_devices
 from learners.logging import LoggingConfig
 from tests.small_job import crash_at, metrics, run, small_config, synthetic
 from tests.wandb_history import offline_env, read_run
@@ -354,7 +354,7 @@ def test_killed_at_a_random_point_and_resumed_repeats_no_batch(small_model_dir, 
 def _kl_to(job, ref_params) -> float:
     """KL(pi || ref) over the full vocabulary, averaged over the answer positions of the
     first 16 demonstrations (fixed contexts, so both runs are measured on the same states)."""
-    from experiments.tasks import demo_trajectory
+    from experiments.run.tasks import demo_trajectory
 
     learner = job.parts.learner
     trajs = [demo_trajectory(d, job.parts.tokenizer) for d in job.parts.task.demos[:16]]
@@ -460,7 +460,7 @@ def test_reference_policy_survives_resume(kl_runs, small_model_dir, tmp_path, mo
 def test_reference_file_round_trip_and_errors(tmp_path):
     import jax.numpy as jnp
 
-    from experiments import reference
+    from experiments.run import reference
 
     params = {"w": jnp.arange(6, dtype=jnp.bfloat16).reshape(2, 3) / 7, "b": jnp.linspace(0, 1, 5)}
     reference.save(tmp_path / "r.npz", params)
@@ -506,7 +506,7 @@ def test_visibility_metrics_reach_metrics_jsonl_and_tensorboard(reference):
 
 def test_rollout_metrics_zero_variance_groups():
     from entr_jax.types import Trajectory
-    from experiments.rollouts import RolloutBatch, rollout_metrics
+    from experiments.run.rollouts import RolloutBatch, rollout_metrics
 
     def traj(group, reward):
         z = np.zeros(2)
@@ -521,7 +521,7 @@ def test_rollout_metrics_zero_variance_groups():
 
 
 def test_dr_grpo_l_norm_defaults_to_the_generation_budget():
-    from experiments.objective import build_objective
+    from experiments.run.objective import build_objective
 
     q = QUICKSTART
     grpo = dataclasses.replace(q.objective.grpo, aggregation="seq_mean_token_sum_norm")
@@ -543,7 +543,7 @@ def test_sft_batches_are_padded_to_the_longest_demonstration(small_model_dir, tm
     """The warm start pads every batch to the longest demonstration (not to the next power
     of two): one shape, fewer tokens."""
     import learners.learner as learner_module
-    from experiments.tasks import demo_trajectory
+    from experiments.run.tasks import demo_trajectory
 
     cfg = small_config(small_model_dir, tmp_path / "sft",
                        sft=dataclasses.replace(QUICKSTART.sft, steps=3, batch_size=4))
@@ -602,7 +602,7 @@ def test_sft_schedule_cosine_decays_the_warm_start_learning_rate_to_zero():
     """`SFTSpec.optimizer`: the warm start's learning rate follows its ``schedule``: linear
     warmup to the peak, then constant, or cosine to 0 at ``steps`` (values of
     `learners.optim.make_schedule` at hand-computed steps)."""
-    from experiments.config import SFTSpec
+    from experiments.run.config import SFTSpec
     from learners.optim import make_schedule
 
     const = make_schedule(SFTSpec(steps=100, learning_rate=1e-3, warmup_steps=10).optimizer())

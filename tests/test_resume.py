@@ -12,9 +12,9 @@ import pytest
 from tests.small_job import crash_at, small_argv, with_job_options
 from tests.tb_events import read_events
 
-from experiments import build
-from experiments import run as cli
-from experiments.jsonl import PartialLineWarning
+from experiments.run import build
+from experiments.run import cli
+from experiments.run.jsonl import PartialLineWarning
 from learners.checkpoint import CheckpointFallbackWarning
 
 
@@ -62,7 +62,7 @@ def listing(root):
 
 def test_finished_run_resumed_with_its_config_says_so(finished, model_dir, capsys, monkeypatch,
                                                       recwarn):
-    from experiments import preflight
+    from experiments.run import preflight
 
     monkeypatch.setattr(preflight, "lag_horizon", lambda cfg: "a note on how it would run")
     before = listing(finished)
@@ -368,7 +368,7 @@ def test_a_finished_run_without_rl_steps_is_not_overwritten(tmp_path, model_dir,
 def test_the_fleets_timeouts_and_key_reference_may_change_on_resume():
     """Neither how long the fleet waits nor where its key is read from changes what a run
     computes (same weights, same requests): a resume may change them; the sampler kind not."""
-    from experiments.resume import Change
+    from experiments.run.resume import Change
 
     assert Change("sampler.fleet.outage_wait_s", 900.0, 1800.0).neutral
     assert Change("sampler.api_key", "env:A", "file:/k").neutral

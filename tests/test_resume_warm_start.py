@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from experiments import run as cli
-from experiments.evaluation import Evaluator
+from experiments.run import cli
+from experiments.run.evaluation import Evaluator
 from learners.checkpoint import CheckpointFallbackWarning
 from learners.learner import Learner
 from tests.small_job import crash_at, small_argv, with_job_options

@@ -172,11 +172,11 @@ def _episodes(sampler, examples, params, num_samples, group_ids):
 
 
 def _drive(cfg, lengths, steps=12):
-    """The loop's simulated mode (`experiments.sources.SimulatedSource`) on the stand-in
+    """The loop's simulated mode (`experiments.run.sources.SimulatedSource`) on the stand-in
     sampler; yields (step, batch, metrics, switch steps) per learner step."""
     from entr_jax.interfaces import SamplingParams
-    from experiments import rollouts as ro
-    from experiments.sources import SimulatedSource, intra_versions
+    from experiments.run import rollouts as ro
+    from experiments.run.sources import SimulatedSource, intra_versions
 
     examples = [{"prompt": [1, 2]}, {"prompt": [3]}]
     plans = {}

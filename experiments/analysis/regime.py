@@ -66,7 +66,7 @@ import numpy as np
 from entr_jax import staleness
 from experiments.analysis.runs import Run, final_reward, measured_staleness, print_table
 from experiments.analysis.stats import excludes_zero, mean_ci
-from experiments.fields import LABEL_FIELDS, flatten
+from experiments.run.fields import LABEL_FIELDS, flatten
 
 VALUES = ("eval_after", "final_reward", "eval_gain")
 
