@@ -1,6 +1,7 @@
 """Bad input is refused before any work, through the real CLI entry (`experiments.run.cli.main`):
 exit status 2, one paragraph naming the field or the file, no traceback, nothing written."""
 
+import dataclasses
 import errno
 import os
 import re
@@ -106,7 +107,28 @@ PARSE_CASES = [
      "--verifier.fast_path to turn it on or --verifier.no_fast_path to turn it off"),
     (["--task.chain_terms_max", "12"],
      "task.chain_terms_max only applies to task.name=chain_sum; this run is task.name=arithmetic"),
+    # the embedded sampler's options with the fleet (scan_layers was once let through)
+    (["--sampler.kind", "sglang", "--sampler.server_urls", "http://127.0.0.1:30000",
+      "--objective.entr.entropy_source", "behavior_topk", "--staleness.intra_switches", "0",
+      "--sampler.scan_layers"],
+     "sampler.scan_layers only applies to sampler.kind=jax; this run is sampler.kind=sglang. "
+     "Remove --sampler.scan_layers or set --sampler.kind jax"),
 ]
+
+
+def test_every_sampler_option_belongs_to_one_kind():
+    """Each field of `SamplerSpec` but ``kind`` states the kind that reads it (at the
+    field: `experiments.run.specs.variant`), so a new option cannot slip through for the
+    other kind; the rules are read from the types, not kept by hand."""
+    from experiments.run.config import SELECTED_FIELDS, SamplerSpec
+
+    fields = [f.name for f in dataclasses.fields(SamplerSpec) if f.name != "kind"]
+    rules = {k.rstrip(".").split(".", 1)[1]: v for k, v in SELECTED_FIELDS.items()
+             if k.startswith("sampler.")}
+    assert sorted(rules) == sorted(fields)
+    assert {v[0] for v in rules.values()} == {"sampler.kind"}
+    assert rules["scan_layers"] == ("sampler.kind", ("jax",))
+    assert rules["fleet"] == ("sampler.kind", ("sglang",))
 
 
 @pytest.mark.parametrize("args, message", PARSE_CASES, ids=[" ".join(a) for a, _ in PARSE_CASES])

@@ -40,42 +40,34 @@ from experiments.run.specs import (  # noqa: F401  (the sections, re-exported wi
 _ALIASES = {"estr"}  # registry aliases, not separate config sections
 
 
-# The staleness modes that read each staleness field (`entr_jax.staleness`,
-# `experiments.run.async_source`); ``mode`` and ``ring_size`` are read by every mode. A field given
-# on the command line for a mode that does not read it is refused (`experiments.run.cli`);
-# a preset's value for it is kept in config.json but has no effect (the CLI notes it).
-STALENESS_FIELD_MODES: dict[str, tuple[str, ...]] = {
-    "inter_distribution": ("simulated",),
-    "inter_lag": ("simulated",),
-    "max_inter_lag": ("simulated",),
-    "geometric_p": ("simulated",),
-    "intra_switches": ("simulated",),
-    "switch_window": ("simulated",),
-    "seed": ("simulated",),
-    "max_staleness": ("async",),
-}
+def variant_rules(cls: type, prefix: str = "") -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Which variant each field of a config belongs to, read from the types: a section
+    whose class names a ``VARIANT_FIELD`` (``staleness.mode``, ``sampler.kind``,
+    ``task.name``) owns the fields that declare ``metadata["variants"]``
+    (`experiments.run.specs.variant`; a nested section's key ends in "."); the objective
+    sections belong to their registry name (and its aliases). Returns ``{field: (selecting
+    field, the values that read it)}``."""
+    rules: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for f in dataclasses.fields(cls):
+        sub = f.type if isinstance(f.type, type) else type(f.default)
+        if not dataclasses.is_dataclass(sub):
+            continue
+        section = prefix + f.name
+        selector = getattr(sub, "VARIANT_FIELD", None)
+        if selector is not None:
+            for g in dataclasses.fields(sub):
+                if "variants" in g.metadata:
+                    nested = dataclasses.is_dataclass(g.default)
+                    rules[f"{section}.{g.name}" + ("." if nested else "")] = (
+                        f"{section}.{selector}", tuple(g.metadata["variants"]))
+    return rules
 
 
-_SGLANG_ONLY = ("server_urls", "router_url", "api_key", "export_dir", "fleet.")
-_JAX_ONLY = ("max_batch_size", "min_prompt_bucket", "logit_noise_std", "num_devices",
-             "weight_quant", "recompute_kv_on_swap")
-_CHAIN_FIELDS = ("chain_terms_min", "chain_terms_max", "chain_digits_min", "chain_digits_max",
-                 "chain_train_size", "chain_style", "chain_min_solution_chars")
-# Fields that only some values of a selecting field read (a key ending in "." is a whole
-# section): ``{field: (selecting field, the values that read it)}``. A field given on the
-# command line for a selection that does not read it is refused (`experiments.run.cli`); a
-# preset's value for it is kept in config.json but has no effect (the CLI notes it).
-SELECTED_FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
-    **{f"staleness.{k}": ("staleness.mode", v) for k, v in STALENESS_FIELD_MODES.items()},
-    **{f"sampler.{k}": ("sampler.kind", ("sglang",)) for k in _SGLANG_ONLY},
-    **{f"sampler.{k}": ("sampler.kind", ("jax",)) for k in _JAX_ONLY},
-    **{f"task.{k}": ("task.name", ("arithmetic",))
-       for k in ("arithmetic_max_chars", "arithmetic_ops")},
-    **{f"task.{k}": ("task.name", ("chain_sum",)) for k in _CHAIN_FIELDS},
-    **{f"objective.{name}.": ("objective.name", (name,) + tuple(sorted(
+def _objective_rules() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """``objective.<name>.`` belongs to ``objective.name=<name>`` and its aliases."""
+    return {f"objective.{name}.": ("objective.name", (name,) + tuple(sorted(
         alias for alias in _ALIASES if OBJECTIVES[alias][1] is cls)))
-       for name, (_, cls) in OBJECTIVES.items() if name not in _ALIASES},
-}
+        for name, (_, cls) in OBJECTIVES.items() if name not in _ALIASES}
 
 
 def selector_of(field: str) -> tuple[str, tuple[str, ...]] | None:
@@ -312,3 +304,11 @@ def _with_saved(current: Any, saved: dict[str, Any], prefix: str) -> Any:
         else:
             changes[name] = value
     return dataclasses.replace(current, **changes)
+
+
+# Fields that only some values of a selecting field read (a key ending in "." is a whole
+# section), derived from the types (`variant_rules`). A field given on the command line
+# for a selection that does not read it is refused (`experiments.run.cli`); a preset's
+# value for it is kept in config.json but has no effect (the CLI notes it).
+SELECTED_FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    **variant_rules(RunConfig), **_objective_rules()}

@@ -9,7 +9,7 @@ import dataclasses
 from typing import ClassVar, Literal
 
 from entr_jax.sampling_filter import check_filter
-from experiments.run.specs import require
+from experiments.run.specs import require, variant
 from samplers.sglang_config import FleetPolicy, check_api_key_source
 
 
@@ -84,19 +84,23 @@ class SamplerSpec:
         sampled (`samplers.jax_sampler` module docstring).
     """
 
+    # ``kind`` selects the sampler; every other field is read by one kind only
+    # (``metadata["variants"]``), so an option of the other kind is refused
+    VARIANT_FIELD: ClassVar[str] = "kind"
+
     kind: Literal["jax", "sglang"] = "jax"
-    server_urls: tuple[str, ...] = ()
-    router_url: str = ""
-    api_key: str = ""
-    export_dir: str = ""
-    fleet: FleetSpec = FleetSpec()
-    max_batch_size: int = 256
-    min_prompt_bucket: int = 8
-    logit_noise_std: float = 0.0
-    scan_layers: bool = False
-    num_devices: int = 1
-    weight_quant: Literal["none", "int8", "fp8", "int4"] = "none"
-    recompute_kv_on_swap: bool = True
+    server_urls: tuple[str, ...] = variant((), "sglang")
+    router_url: str = variant("", "sglang")
+    api_key: str = variant("", "sglang")
+    export_dir: str = variant("", "sglang")
+    fleet: FleetSpec = variant(FleetSpec(), "sglang")
+    max_batch_size: int = variant(256, "jax")
+    min_prompt_bucket: int = variant(8, "jax")
+    logit_noise_std: float = variant(0.0, "jax")
+    scan_layers: bool = variant(False, "jax")
+    num_devices: int = variant(1, "jax")
+    weight_quant: Literal["none", "int8", "fp8", "int4"] = variant("none", "jax")
+    recompute_kv_on_swap: bool = variant(True, "jax")
 
     def __post_init__(self):
         if self.kind not in ("jax", "sglang"):

@@ -19,6 +19,14 @@ def require(ok: bool, field: str, value: Any, what: str) -> None:
         raise ValueError(f"{field} must be {what}, got {value!r}")
 
 
+def variant(default: Any, *values: str) -> Any:
+    """A field that only the variants ``values`` of its section read (the section's
+    ``VARIANT_FIELD`` selects one, e.g. ``task.name``): stated here, at the field, and
+    read back by `experiments.run.config.variant_rules`, which refuses the field on the
+    command line for another variant."""
+    return dataclasses.field(default=default, metadata={"variants": values})
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """Which policy to train.
@@ -126,6 +134,8 @@ class TaskSpec:
         guarantees >= 64).
     """
 
+    VARIANT_FIELD: ClassVar[str] = "name"  # arithmetic_* and chain_* belong to their task
+
     name: Literal["arithmetic", "chain_sum", "gsm8k", "gsm8k_calculator", "math",
                   "search"] = "arithmetic"
     template: Literal["plain", "chat"] = "plain"
@@ -136,15 +146,15 @@ class TaskSpec:
     max_total_tokens: int = 256
     eval_examples: int = 256
     eval_samples: int = 4
-    arithmetic_max_chars: int = 30
-    arithmetic_ops: str = "+-*/"
-    chain_terms_min: int = 9
-    chain_terms_max: int = 9
-    chain_digits_min: int = 2
-    chain_digits_max: int = 2
-    chain_train_size: int = 20000
-    chain_style: Literal["reduce", "running"] = "reduce"
-    chain_min_solution_chars: int = 0
+    arithmetic_max_chars: int = variant(30, "arithmetic")
+    arithmetic_ops: str = variant("+-*/", "arithmetic")
+    chain_terms_min: int = variant(9, "chain_sum")
+    chain_terms_max: int = variant(9, "chain_sum")
+    chain_digits_min: int = variant(2, "chain_sum")
+    chain_digits_max: int = variant(2, "chain_sum")
+    chain_train_size: int = variant(20000, "chain_sum")
+    chain_style: Literal["reduce", "running"] = variant("reduce", "chain_sum")
+    chain_min_solution_chars: int = variant(0, "chain_sum")
 
     def __post_init__(self):
         for f in ("arithmetic_max_chars", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "max_turns",
