@@ -39,7 +39,7 @@ PARSE_CASES = [
     (["--sampler.min_prompt_bucket", "0"], "sampler.min_prompt_bucket must be >= 1, got 0"),
     (["--learner.logprob_chunk", "0"], "learner.logprob_chunk must be >= 1, got 0"),
     (["--optim.warmup_steps", "-1"],
-     "Error parsing optim: OptimizerConfig.warmup_steps must be >= 0, got -1"),
+     "Error parsing optim: optim.warmup_steps must be >= 0, got -1"),
     (["--staleness.mode", "sync", "--staleness.inter_lag", "5"],
      "staleness.inter_lag only applies to staleness.mode=simulated; this run is "
      "staleness.mode=sync: it trains on-policy (lag 0, no intra switches). Remove "
@@ -76,7 +76,7 @@ PARSE_CASES = [
     (["--sampling.temperature", "inf"], "sampling.temperature must be a finite number, got inf"),
     (["--sampler.logit_noise_std", "inf"],
      "sampler.logit_noise_std must be a finite number, got inf"),
-    (["--objective.entr.tau", "nan"], "EntrConfig.tau must be a number in (0.0, inf], got nan"),
+    (["--objective.entr.tau", "nan"], "objective.entr.tau must be a number in (0.0, inf], got nan"),
     (["--name", ""], "name must be a non-empty run name inside runs/"),
     (["--name", "../elsewhere"], "name must be a non-empty run name inside runs/"),
     # found by benchmarks/bad_inputs.py: reached the work silently, or hung
@@ -89,7 +89,7 @@ PARSE_CASES = [
      "sampler.server_urls must be http(s):// URLs (e.g. http://127.0.0.1:30000), got "
      "('127.0.0.1:30000', '')"),
     (["--optim.total_steps", "-1"],
-     "Error parsing optim: OptimizerConfig.total_steps must be >= 0, got -1"),
+     "Error parsing optim: optim.total_steps must be >= 0, got -1"),
     # options of a kind, objective or task the run does not select
     (["--sampler.server_urls", "http://127.0.0.1:30000"],
      "sampler.server_urls only applies to sampler.kind=sglang; this run is sampler.kind=jax. "
@@ -485,3 +485,42 @@ def test_a_run_too_short_for_its_lag_is_warned_with_the_full_lag_step_count(tmp_
                          "--staleness.inter_lag", "30", "--staleness.intra_switches", "3",
                          "--model.path", str(missing)])
     assert code == 2  # refused afterwards for the missing model, before any work
+
+
+def test_every_field_has_a_help_description():
+    """``entr-run PRESET --help`` describes every field (tyro reads one ``name: text``
+    entry per field from the class docstrings; ``a, b: text`` entries give none)."""
+    import warnings
+
+    import tyro
+
+    from experiments.run.config import RunConfig
+    from experiments.run.configs import PRESETS
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        parser = tyro.extras.get_parser(RunConfig, default=PRESETS["stress"][1])
+    options = [a for a in parser._actions if a.option_strings and a.dest != "help"]
+    bare = [a.option_strings[0] for a in options
+            if not re.sub(r"\(default[^)]*\)\s*$", "", str(a.help or "")).strip()]
+    assert len(options) > 150 and bare == []
+
+
+def test_errors_of_a_section_name_the_field_as_the_command_line_does():
+    """A section built from a library class (the optimizer, every objective's section)
+    names its fields as the command line spells them, not as the class does."""
+    from experiments.run.config import ObjectiveSpec, OptimSection, RunConfig
+
+    with pytest.raises(ValueError) as err:
+        OptimSection(learning_rate=0.0)
+    assert str(err.value) == "optim.learning_rate must be > 0, got 0.0"
+    for f in dataclasses.fields(ObjectiveSpec):
+        if f.name == "name":
+            continue
+        section = f.type if isinstance(f.type, type) else type(f.default)
+        assert section.__name__.endswith("Config")
+        with pytest.raises(ValueError) as err:
+            section(aggregation="nope")
+        assert str(err.value).startswith(f"objective.{f.name}.aggregation "), str(err.value)
+    cfg = RunConfig()
+    assert type(cfg.optim) is OptimSection

@@ -31,7 +31,8 @@ class GrpoConfig(ObjectiveConfig):
     """GRPO hyperparameters.
 
     Attributes:
-      clip_low, clip_high: clip band ``[1 - clip_low, 1 + clip_high]``; default 0.2/0.2.
+      clip_low: clip band ``[1 - clip_low, 1 + clip_high]``; default 0.2/0.2.
+      clip_high: clip band ``[1 - clip_low, 1 + clip_high]``; default 0.2/0.2.
       kl_coef: weight of the k3 KL to ``batch.logp_ref`` (>= 0; 0 disables it).
       aggregation: default ``seq_mean_token_mean``.
     """

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from typing import Any, Literal
 
 from entr_jax.advantages import AdvantageConfig
@@ -112,16 +113,51 @@ def _check_numbers(cfg: Any, prefix: str = "") -> None:
 ObjectiveName = Literal[tuple(sorted(OBJECTIVES))]  # type: ignore[valid-type]
 
 
+def run_section(cls: type, prefix: str) -> type:
+    """``cls`` as a section of the run: the same frozen dataclass (fields, defaults,
+    documentation, checks), whose errors name a field as the command line spells it
+    (``optim.learning_rate must be > 0``), not as the library class does
+    (``OptimizerConfig.learning_rate``)."""
+    check = cls.__post_init__
+    own = re.compile(rf"(?<![\w.]){re.escape(cls.__name__)}\.(?=\w)")
+
+    def __post_init__(self):
+        try:
+            check(self)
+        except ValueError as err:
+            raise ValueError(own.sub(prefix, str(err))) from None
+
+    section = type(cls.__name__, (cls,), {"__post_init__": __post_init__, "__doc__": cls.__doc__,
+                                          "__module__": cls.__module__,
+                                          "__qualname__": cls.__qualname__})
+    return dataclasses.dataclass(frozen=True)(section)
+
+
+def as_section(value: Any, section: type) -> Any:
+    """``value`` (an instance of the library class, e.g. a preset's
+    ``OptimizerConfig(...)``) as the run's `run_section` of it, field for field."""
+    if type(value) is section:
+        return value
+    return section(**{f.name: getattr(value, f.name) for f in dataclasses.fields(section)})
+
+
+OptimSection = run_section(OptimizerConfig, "optim.")
+
+
 def _objective_spec_class() -> type:
+    sections: dict[str, type] = {}
     fields: list[tuple[str, Any, Any]] = [
         ("name", ObjectiveName, dataclasses.field(default="entr")),
     ]
     for name, (_, cfg_cls) in OBJECTIVES.items():
         if name in _ALIASES:
             continue
-        fields.append((name, cfg_cls, dataclasses.field(default=cfg_cls())))
+        section = sections[name] = run_section(cfg_cls, f"objective.{name}.")
+        fields.append((name, section, dataclasses.field(default=section())))
 
     def __post_init__(self):
+        for name, section in sections.items():  # a preset's library instances
+            object.__setattr__(self, name, as_section(getattr(self, name), section))
         if self.name not in OBJECTIVES:
             raise ValueError(
                 f"objective.name {self.name!r} is unknown; known objectives: {sorted(OBJECTIVES)}"
@@ -183,7 +219,7 @@ class RunConfig:
     sampling: SamplingSpec = SamplingSpec()
     advantages: AdvantageConfig = AdvantageConfig()
     objective: ObjectiveSpec = ObjectiveSpec()
-    optim: OptimizerConfig = OptimizerConfig(learning_rate=1e-4)
+    optim: OptimSection = OptimSection(learning_rate=1e-4)
     sft: SFTSpec = SFTSpec()
     learner: LearnerSpec = LearnerSpec()
     staleness: StalenessConfig = StalenessConfig()
@@ -192,6 +228,7 @@ class RunConfig:
     verifier: VerifierConfig = VerifierConfig()  # answer checking: workers, time limit
 
     def __post_init__(self):
+        object.__setattr__(self, "optim", as_section(self.optim, OptimSection))
         _check_numbers(self)
         parts = self.name.replace("\\", "/").split("/")
         require(bool(self.name.strip()) and not os.path.isabs(self.name)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from entr_jax.objectives import make_objective
+from entr_jax.objectives import OBJECTIVES, make_objective
 
 __all__ = ["build_objective", "response_budget"]
 
@@ -29,6 +29,10 @@ def build_objective(cfg: Any):
     config and ``l_norm`` filled in (see the module docstring); ``cfg`` is an
     `experiments.run.config.RunConfig`."""
     selected = cfg.objective.selected()
+    library = OBJECTIVES[cfg.objective.name][1]  # the run's section is a subclass of it
+    if type(selected) is not library:
+        selected = library(**{f.name: getattr(selected, f.name)
+                              for f in dataclasses.fields(library)})
     if selected.mode == "seq_mean_token_sum_norm" and selected.l_norm is None:
         selected = dataclasses.replace(selected, l_norm=float(response_budget(cfg.task)))
     return make_objective(cfg.objective.name, selected)

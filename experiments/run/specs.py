@@ -121,9 +121,12 @@ class TaskSpec:
         spaces removed; `entr_jax.data.sources.gsm8k_arithmetic`).
       arithmetic_ops: ``arithmetic`` only: keep expressions whose operators are all in
         this set (e.g. ``"+-"`` for sums and differences).
-      chain_terms_min, chain_terms_max: ``chain_sum`` only: terms per chain (each problem
+      chain_terms_min: ``chain_sum`` only: terms per chain (each problem
         draws one count in this range; `entr_jax.data.chains`).
-      chain_digits_min, chain_digits_max: ``chain_sum`` only: digits per term.
+      chain_terms_max: ``chain_sum`` only: terms per chain (each problem
+        draws one count in this range; `entr_jax.data.chains`).
+      chain_digits_min: ``chain_sum`` only: digits per term.
+      chain_digits_max: ``chain_sum`` only: digits per term.
       chain_train_size: ``chain_sum`` only: training problems generated (held-out
         problems come from another seed; ``eval_examples`` of them are used, 0 = 1000).
       chain_style: ``chain_sum`` only: ``reduce`` (each line the new total and the rest
@@ -185,8 +188,11 @@ class SFTSpec:
     """Supervised warm start on demonstrations before RL (0 steps disables it).
 
     Attributes:
-      steps, batch_size, learning_rate, warmup_steps: the supervised pass (AdamW, no
-        weight decay, global-norm clipping at 1).
+      steps: optimizer steps of the supervised pass (AdamW, no weight decay, global-norm
+        clipping at 1); 0 = no warm start.
+      batch_size: demonstrations per step.
+      learning_rate: peak learning rate of the supervised pass.
+      warmup_steps: linear warmup steps from 0 to ``learning_rate``.
       schedule: ``"constant"`` keeps ``learning_rate`` after the warmup; ``"cosine"``
         decays it to 0 over the ``steps`` (warmup included; `learners.optim.make_schedule`).
       save_model: write the warm-started policy to ``<run_dir>/sft_model`` in the Hugging
@@ -261,9 +267,14 @@ class LearnerSpec(LearnerOptions):
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointSpec:
-    """Checkpointing: every ``every`` RL steps (0 = only at the end), and every
-    ``sft_every`` steps of the supervised warm start and at its end (0 = never: a resume
-    before the first RL checkpoint redoes the warm start); keep the last ``keep`` of each."""
+    """Checkpointing of the RL steps and of the supervised warm start.
+
+    Attributes:
+      every: an RL checkpoint every this many RL steps and at the end (0 = only at the end).
+      sft_every: a warm-start checkpoint every this many SFT steps and at its end (0 =
+        never: a resume before the first RL checkpoint redoes the warm start).
+      keep: how many of the newest checkpoints of each kind are kept.
+    """
 
     every: int = 10
     sft_every: int = 200
