@@ -176,7 +176,7 @@ def _rule(key: str, rules: Mapping[str, str]) -> str:
             f"reduce_over_steps: metric {key!r} has no pooling rule, so it cannot be reduced "
             "over the optimizer updates of a rollout batch; declare one in "
             "entr_jax.objectives.pooling.METRIC_POOLING (registry objectives) or in the "
-            "objective's metric_pooling attribute (a weight key, 'count', 'max', 'min' or "
+            "Objective's metric_pooling field (a weight key, 'count', 'max', 'min' or "
             "'last'; see entr_jax.objectives.pooling)")
     return rules[key]
 

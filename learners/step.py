@@ -138,12 +138,12 @@ def make_train_step(
       tx: the optax transformation (`learners.optim.make_optimizer`).
       state_shardings: `learners.state.train_state_shardings` of the state (built once).
       mesh: the learner mesh.
-      objective: required for ``"rl"`` (closed over, static), e.g.
-        ``entr_jax.objectives.make_objective("entr")``; its ``batch_stats`` attribute (None
-        for most) gives the statistics taken over the whole optimizer batch, and an
-        optional ``metric_pooling`` attribute (``{key: rule}``, see
-        `entr_jax.objectives.pooling`) the pooling rules of metrics that
-        `entr_jax.objectives.METRIC_POOLING` does not declare (a custom objective's).
+      objective: an `entr_jax.objectives.Objective`, required for ``"rl"`` (closed over,
+        static), e.g. ``make_objective("entr")``; its ``batch_stats`` (None for most)
+        gives the statistics taken over the whole optimizer batch, and its
+        ``metric_pooling`` (``{key: rule}``, see `entr_jax.objectives.pooling`) the
+        pooling rules of metrics that `entr_jax.objectives.METRIC_POOLING` does not
+        declare (a custom objective's).
       chunk_size, temperature: passed to `token_logprobs_entropy`; ``temperature`` must be
         the sampling temperature so ``logp_pi`` and ``logp_mu`` describe the same
         distribution family.
@@ -176,8 +176,8 @@ def make_train_step(
             raise ValueError(f"make_train_step: {name} must be >= 1, got {value}")
     loss_fn = objective if kind == "rl" else _sft_loss
     filters = dict(top_k=top_k, top_p=top_p, min_p=min_p) if kind == "rl" else {}
-    stats_fn = getattr(objective, "batch_stats", None) if kind == "rl" else None
-    rules = {**METRIC_POOLING, **(getattr(objective, "metric_pooling", None) or {})}
+    stats_fn = objective.batch_stats if kind == "rl" else None
+    rules = {**METRIC_POOLING, **((objective.metric_pooling if kind == "rl" else None) or {})}
     graphdef = state_shardings.graphdef
     param_shardings = state_shardings.params
     step = Step(fn=lambda *a: None)

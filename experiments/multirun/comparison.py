@@ -45,11 +45,10 @@ import json
 import pathlib
 from typing import Any, Iterable
 
-from entr_jax.objectives import OBJECTIVES
+from entr_jax.objectives import ALIASES, OBJECTIVES
 from experiments.run.fields import LABEL_FIELDS, flatten
 
 MISSING = "n/a"  # a base field the method's objective config does not have
-_ALIASES = {"estr": "entr"}
 _NOT_COMPARED = LABEL_FIELDS + ("seed",)  # and the seed axis
 
 
@@ -104,7 +103,7 @@ def parse_methods(spec: dict[str, Any], where: str = "sweep spec") -> tuple[dict
         if name not in OBJECTIVES:
             raise ValueError(f"{where}: {key}.objective {name!r} is unknown; known: "
                              f"{sorted(OBJECTIVES)}")
-        methods.append(Method(label, _ALIASES.get(name, name),
+        methods.append(Method(label, ALIASES.get(name, name),
                               {k: _toml_value(v) for k, v in m.get("own", {}).items()},
                               {k: _toml_value(v) for k, v in m.get("overrides", {}).items()}))
     check_methods(base, methods, spec, where)
@@ -192,7 +191,7 @@ def effective_fields(config: Any) -> dict[str, Any]:
     d = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
     d = json.loads(json.dumps(d, default=str))  # tuples -> lists, as in config.json
     name = d["objective"]["name"]
-    section = _ALIASES.get(name, name)
+    section = ALIASES.get(name, name)
     out = {k: v for k, v in flatten({x: y for x, y in d.items() if x != "objective"}).items()
            if k not in _NOT_COMPARED}
     out["objective.name"] = name

@@ -15,7 +15,7 @@ import re
 from typing import Any, Literal
 
 from entr_jax.advantages import AdvantageConfig
-from entr_jax.objectives import OBJECTIVES
+from entr_jax.objectives import ALIASES, OBJECTIVES
 from entr_jax.staleness import StalenessConfig
 from learners.logging import LoggingConfig
 from entr_jax.tasks.rewards import VerifierConfig
@@ -38,7 +38,6 @@ from experiments.run.specs import (  # noqa: F401  (the sections, re-exported wi
     require,
 )
 
-_ALIASES = {"estr"}  # registry aliases, not separate config sections
 
 
 def variant_rules(cls: type, prefix: str = "") -> dict[str, tuple[str, tuple[str, ...]]]:
@@ -67,8 +66,8 @@ def variant_rules(cls: type, prefix: str = "") -> dict[str, tuple[str, tuple[str
 def _objective_rules() -> dict[str, tuple[str, tuple[str, ...]]]:
     """``objective.<name>.`` belongs to ``objective.name=<name>`` and its aliases."""
     return {f"objective.{name}.": ("objective.name", (name,) + tuple(sorted(
-        alias for alias in _ALIASES if OBJECTIVES[alias][1] is cls)))
-        for name, (_, cls) in OBJECTIVES.items() if name not in _ALIASES}
+        alias for alias, target in ALIASES.items() if target == name)))
+        for name in OBJECTIVES if name not in ALIASES}
 
 
 def selector_of(field: str) -> tuple[str, tuple[str, ...]] | None:
@@ -150,7 +149,7 @@ def _objective_spec_class() -> type:
         ("name", ObjectiveName, dataclasses.field(default="entr")),
     ]
     for name, (_, cfg_cls) in OBJECTIVES.items():
-        if name in _ALIASES:
+        if name in ALIASES:
             continue
         section = sections[name] = run_section(cfg_cls, f"objective.{name}.")
         fields.append((name, section, dataclasses.field(default=section())))
@@ -165,7 +164,7 @@ def _objective_spec_class() -> type:
 
     def selected(self):
         """The config of the selected objective."""
-        return getattr(self, "entr" if self.name in _ALIASES else self.name)
+        return getattr(self, ALIASES.get(self.name, self.name))
 
     cls = dataclasses.make_dataclass(
         "ObjectiveSpec", fields, frozen=True,
@@ -269,7 +268,7 @@ class RunConfig:
         # A KL penalty to the reference (GRPO's k3, DeepSeekMath eq. 4) is between the
         # policies; under sampling filters it is a clipped constant where the policy left
         # the reference's support (learners.contract.check_reference_filters).
-        section = "entr" if self.objective.name in _ALIASES else self.objective.name
+        section = ALIASES.get(self.objective.name, self.objective.name)
         coef = getattr(self.objective.selected(), "kl_coef", None)
         check_reference_filters(
             self.objective.selected().inputs(),

@@ -26,8 +26,9 @@ FILE = "reference.npz"
 
 
 def needed(objective: Any) -> bool:
-    """Whether ``objective`` reads ``logp_ref`` (e.g. GRPO with ``kl_coef > 0``)."""
-    return "logp_ref" in getattr(objective, "inputs", frozenset())
+    """Whether ``objective`` (an `entr_jax.objectives.Objective`, or None) reads
+    ``logp_ref`` (e.g. GRPO with ``kl_coef > 0``)."""
+    return objective is not None and "logp_ref" in objective.inputs
 
 
 def save(path: pathlib.Path, params: Any) -> None:
