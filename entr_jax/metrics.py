@@ -98,13 +98,3 @@ def ratio_by_entropy_bucket(
     Returns: ``{"ratio_by_entropy/b{i}/count", ".../delta_sq_mean", ".../entropy_mean"}``.
     """
     return bucket_means(ratio_by_entropy_bucket_sums(log_ratio_pi_mu, entropy_mu, mask, edges))
-
-
-def staleness_stats(version: jax.Array, token_version: jax.Array, mask: jax.Array) -> dict:
-    """Token staleness ``version - token_version`` over ``mask``: mean and max (f32)."""
-    s = _masked((version - token_version).astype(jnp.float32), mask)
-    n = jnp.maximum(jnp.sum(mask), 1)
-    return {
-        "staleness/token_mean": jnp.sum(s) / n,
-        "staleness/token_max": jnp.max(jnp.where(mask, s, 0.0)),
-    }
