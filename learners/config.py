@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+from entr_jax.logprobs import CHUNK_SIZE
 from entr_jax.sampling_filter import check_filter
 from entr_jax.sharding import MeshConfig
 from learners.optim import OptimizerConfig
@@ -47,7 +48,7 @@ class LearnerOptions:
     epochs: int = 1
     mesh: MeshConfig = MeshConfig()
     max_bad_steps: int = 5
-    logprob_chunk: int = 128
+    logprob_chunk: int = CHUNK_SIZE
 
     def __post_init__(self):
         for name in ("microbatches", "minibatches", "epochs", "max_bad_steps", "logprob_chunk"):

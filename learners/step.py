@@ -51,7 +51,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
-from entr_jax.logprobs import token_logprobs_entropy
+from entr_jax.logprobs import CHUNK_SIZE, token_logprobs_entropy
 from entr_jax.sharding import batch_sharding, replicated
 from entr_jax.types import BATCH_ROW_FIELDS, Batch, ObjectiveInput
 from learners.accumulate import accumulate
@@ -117,7 +117,7 @@ def make_train_step(
     mesh: Mesh,
     *,
     objective: Objective | None = None,
-    chunk_size: int = 128,
+    chunk_size: int = CHUNK_SIZE,
     temperature: float = 1.0,
     top_k: int = -1,
     top_p: float = 1.0,
@@ -274,7 +274,7 @@ def make_logprob_fn(
     state_shardings: TrainState,
     mesh: Mesh,
     *,
-    chunk_size: int = 128,
+    chunk_size: int = CHUNK_SIZE,
     temperature: float = 1.0,
     top_k: int = -1,
     top_p: float = 1.0,
