@@ -9,6 +9,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from entr_jax.objectives.common import LOG_RATIO_CLIP
+
 # Edges (nats) of the entropy buckets used for per-bucket ratio statistics; the last bucket
 # is open-ended. Chosen to separate the near-deterministic regime (< 0.1), where ENTR's
 # eps floor dominates, from moderate and high entropy.
@@ -22,7 +24,7 @@ def _masked(x: jax.Array, mask: jax.Array) -> jax.Array:
 def k3_sum(log_ratio_pi_mu: jax.Array, mask: jax.Array) -> jax.Array:
     """Sum over ``mask`` of ``k3 = (r - 1) - log r``, ``r = exp(clip(delta, -20, 20))``
     (the numerator of `kl_mu_pi_k3`, so microbatch sums add up). ``[] f32``."""
-    d = jnp.clip(_masked(log_ratio_pi_mu, mask), -20.0, 20.0)
+    d = jnp.clip(_masked(log_ratio_pi_mu, mask), -LOG_RATIO_CLIP, LOG_RATIO_CLIP)
     return jnp.sum(_masked(jnp.expm1(d) - d, mask))
 
 
