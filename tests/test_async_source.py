@@ -170,3 +170,71 @@ def test_state_dict_round_trip_serves_the_queued_batches_first():
         assert ep2.made == [3] and resumed.sampler.updates[0] == 1
     finally:
         resumed.close()
+
+
+# ------------------------------------------------ the loop (experiments.run.loop) on fakes
+
+
+class CountingSampler(FakeSampler):
+    """A fleet stand-in: ``metrics()`` reports how many batches it has sampled."""
+
+    def __init__(self):
+        super().__init__()
+        self.sampled = 0
+
+    def metrics(self):
+        return {"sglang/batches": self.sampled, "other": 1}
+
+
+class FakeLearner:
+    """Hands over a step's metrics one call late, as `learners.learner.Learner` does."""
+
+    def __init__(self):
+        self.version, self.pending, self.calls = 0, None, []
+
+    def train_on(self, trajectories, advantages):
+        previous, self.pending = self.pending, {"loss": float(self.version)}
+        self.version += 1
+        self.calls.append("train")
+        return previous
+
+    def flush(self):
+        previous, self.pending = self.pending, None
+        self.calls.append("flush")
+        return previous
+
+    def published_weights(self):
+        return f"w{self.version}"
+
+
+def test_the_loop_pairs_each_step_with_its_own_metrics_and_counters():
+    """Every logged step carries its own learner metrics (loss = the version it trained
+    at) and the sampler's counters taken when its batch was handed over; a barrier hook
+    (a checkpoint every 2 steps) runs after its step is logged; token-sample hooks see
+    steps 0 and 2 (offset 0, every 2)."""
+    from experiments.run.loop import Hook, run_rl
+    from experiments.run.sources import SimulatedSource
+
+    sampler, learner, events = CountingSampler(), FakeLearner(), []
+
+    def episodes(smp, batch_id):  # smp: the source's adapter around ``sampler``
+        sampler.sampled += 1
+        return Episodes()(sampler, batch_id)
+
+    source = SimulatedSource(StalenessConfig(mode="sync", ring_size=2), 4, sampler, episodes)
+    source.publish("w0", 0)
+    hooks = [Hook(lambda i: events.append(("sample", i.step)), phase="before_update", every=2,
+                  offset=0),
+             Hook(lambda i: events.append(("log", i.step, i.learner_metrics["loss"],
+                                           i.counters)), phase="logged"),
+             Hook(lambda i: events.append(("checkpoint", i.step)), phase="barrier", every=2,
+                  at_end=True)]
+    run_rl(learner, source, lambda batch: np.zeros(1, np.float32), hooks, 0, 4)
+    assert events == [
+        ("sample", 0),
+        ("log", 0, 0.0, {"sglang/batches": 1.0}), ("log", 1, 1.0, {"sglang/batches": 2.0}),
+        ("checkpoint", 1),
+        ("sample", 2),
+        ("log", 2, 2.0, {"sglang/batches": 3.0}), ("log", 3, 3.0, {"sglang/batches": 4.0}),
+        ("checkpoint", 3)]
+    assert learner.calls == ["train", "train", "flush", "train", "train", "flush"]
