@@ -34,13 +34,13 @@ import tempfile
 
 import numpy as np
 
-from experiments.speedup_model import model_table, simulate_async
+from experiments.multirun.speedup_model import model_table, simulate_async
 
 PAPER_SPEEDUP = 2.6
 
 
 def _run(cfg) -> pathlib.Path:
-    from experiments.job import Job
+    from experiments.run.job import Job
 
     Job(cfg, show_progress=False).run_job()
     return pathlib.Path(cfg.run_dir)
@@ -87,7 +87,7 @@ def _base_config(args):
     """The run both modes share: the quickstart (no warm start) or the stress testbed from
     a warm start (``--model-path``); few evaluation examples, no checkpoints or per-token
     scoring, so the RL phase is what is timed."""
-    from experiments.configs import QUICKSTART, STRESS
+    from experiments.run.configs import QUICKSTART, STRESS
 
     if args.preset == "stress":
         if not args.model_path:

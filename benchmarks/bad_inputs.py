@@ -6,9 +6,9 @@ Usage::
                                     [--fields task. sampling.top_p ...]
 
 Every case of `benchmarks.bad_input_cases` runs in this process through
-`experiments.run.main` (the command line a user runs), each in its own folder, with the
+`experiments.run.cli.main` (the command line a user runs), each in its own folder, with the
 run's first real work replaced by a private sentinel: the learner's checkpoint manager
-(`experiments.job.Job.setup`) is built after every refusal (run directory, resume
+(`experiments.run.build.build`) is built after every refusal (run directory, resume
 policy, devices, model and tokenizer files, task data, the weights' values, the learner's
 config), so a case that gets there has "reached the work" and nothing is trained. Each
 case is classified as
@@ -139,8 +139,8 @@ def _names(message: str, name: str) -> bool:
 
 def try_case(argv: list[str]) -> dict[str, Any]:
     """Run ``entr-run argv`` in this process, stopped at the work; the outcome record."""
-    from experiments import job as job_module
-    from experiments import run as cli
+    from experiments.run import build as job_module
+    from experiments.run import cli
 
     def reached(*args, **kwargs):
         raise _ReachedWork
@@ -238,7 +238,7 @@ def probe(kinds: list[str] | None = None, fields: list[str] | None = None,
           progress: bool = False) -> dict[str, Any]:
     """Build the small model, run the selected cases, return the tally and the records."""
     from benchmarks import bad_input_cases
-    from experiments.run import parse
+    from experiments.run.cli import parse
 
     env = {"ENTR_DATA_OFFLINE": "1", "ENTR_JAX_CACHE": "0", "ENTR_DATA_DIR": ""}
     old = {k: os.environ.get(k) for k in env}

@@ -98,9 +98,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--low-entropy", type=float, default=0.1)
     args = p.parse_args(argv)
 
-    from experiments.config import ModelSpec
-    from experiments.configs import preset
-    from experiments.job import Job
+    from experiments.run.config import ModelSpec
+    from experiments.run.configs import preset
+    from experiments.run.job import Job
     from samplers.jax_sampler import JaxSampler, JaxSamplerConfig
 
     base = preset(args.preset)
@@ -108,10 +108,9 @@ def main(argv: list[str] | None = None) -> dict:
         cfg = dataclasses.replace(
             base, run_dir=tmp, seed=args.seed, model=ModelSpec(path=args.model),
             sft=dataclasses.replace(base.sft, steps=0))
-        job = Job(cfg, show_progress=False)
-        job.setup()
-        examples = job.task.train[:args.prompts]
-        params = job.episodes.sampling(0)
+        parts = Job(cfg, show_progress=False).build_parts()
+        examples = parts.task.train[:args.prompts]
+        params = parts.episodes.sampling(0)
         out = {"settings": {"model": args.model, "preset": args.preset, "prompts": len(examples),
                             "samples": args.samples, "seed": args.seed, "tau": args.tau,
                             "eps": args.eps, "low_entropy": args.low_entropy,
@@ -119,17 +118,17 @@ def main(argv: list[str] | None = None) -> dict:
                             "max_new_tokens": params.max_new_tokens},
                "variants": {}}
         for name in args.variants:
-            sampler = JaxSampler(job.learner.state.model(), version=0, config=JaxSamplerConfig(
+            sampler = JaxSampler(parts.learner.state.model(), version=0, config=JaxSamplerConfig(
                 max_batch_size=len(examples) * args.samples, **parse_variant(name)))
             t0 = time.perf_counter()
-            trajs = job.episodes.run(sampler, examples, params, args.samples)
-            arrays = job.learner.token_logprobs(trajs)
+            trajs = parts.episodes.run(sampler, examples, params, args.samples)
+            arrays = parts.learner.token_logprobs(trajs)
             stats = mismatch_stats(arrays, args.tau, args.eps, args.low_entropy)
             stats["reward_mean"] = float(np.mean([t.reward for t in trajs]))
             stats["seconds"] = time.perf_counter() - t0
             out["variants"][name] = stats
-        job.learner.close()
-        job.task.verifier.close()
+        parts.learner.close()
+        parts.task.verifier.close()
     print(json.dumps(out, indent=1))
     return out
 

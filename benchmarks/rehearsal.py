@@ -16,7 +16,7 @@ What it does, per dtype (``--dtypes float32 bfloat16``):
    sampler and checkpoint dtypes are ``--model.dtype/param_dtype/sampler_dtype`` = the
    dtype;
 3. in a second process, restores the newest checkpoint through the job
-   (`experiments.job.Job`), exports the trained policy with ``Job.export`` (Hugging Face
+   (`experiments.run.job.Job`), exports the trained policy with `experiments.run.export.export_policy` (Hugging Face
    layout), reloads it with `entr_jax.model.from_pretrained` and checks that every
    parameter is bitwise the checkpoint's and that the logits of one prompt agree.
 
@@ -37,6 +37,7 @@ The full-size run of one dtype takes tens of minutes on 2 cores and needs about
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -114,38 +115,38 @@ def export_and_reload(model_dir: str, run_dir: str, dtype: str, export_dir: str,
     import numpy as np
 
     from entr_jax.model import from_pretrained, to_hf_state_dict
-    from experiments.job import Job
-    from experiments.run import parse
+    from experiments.run.export import export_policy
+    from experiments.run.job import Job
+    from experiments.run.cli import parse
 
     cfg, _ = parse(job_args(model_dir, run_dir, dtype, mode, int(microbatches)))
     job = Job(cfg, resume=True, show_progress=False)
-    job.prepare_task()
-    job.setup()
-    job.sampler = None  # not needed here: its copy of the weights is released
+    # the sampler and the source are not needed here: their copy of the weights is released
+    parts = job.parts = dataclasses.replace(job.build_parts(), sampler=None, source=None)
     t0 = time.perf_counter()
-    restored = job.learner.restore_latest()
+    restored = parts.learner.restore_latest()
     restore_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    job.export(export_dir)
+    export_policy(parts.learner.state, export_dir, cfg.model.path, job.run.writer)
     export_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     dt = jnp.dtype(dtype)
     reloaded = from_pretrained(export_dir, dtype=dt, param_dtype=dt)
     reload_s = time.perf_counter() - t0
-    trained = job.learner.state.model()
+    trained = parts.learner.state.model()
     # per HF tensor (one per layer of each stacked block parameter)
     a, b = to_hf_state_dict(trained), to_hf_state_dict(reloaded)
     mismatched = [name for name in a if name not in b or not np.array_equal(a[name], b[name])]
-    ids = jnp.asarray(job.tokenizer.encode("12+34=", add_special_tokens=False), jnp.int32)[None]
+    ids = jnp.asarray(parts.tokenizer.encode("12+34=", add_special_tokens=False), jnp.int32)[None]
     logits_diff = float(jnp.max(jnp.abs(trained(ids) - reloaded(ids))))
     out = {"restored_step": int(restored["queue_state"]["book"]["start_step"]),
-           "version": int(jax.device_get(job.learner.state.version)),
+           "version": int(jax.device_get(parts.learner.state.version)),
            "params_compared": len(a), "params_not_bitwise_equal": mismatched,
            "logits_max_abs_diff": logits_diff,
            "export_dtype": json.load(open(os.path.join(export_dir, "config.json")))["dtype"],
            "restore_s": restore_s, "export_s": export_s, "reload_s": reload_s}
-    job.learner.close()
-    job.task.verifier.close()
+    parts.learner.close()
+    parts.task.verifier.close()
     return out
 
 

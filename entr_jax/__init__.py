@@ -2,7 +2,7 @@
 
 The library half of the project: objectives (ENTR and the off-policy baselines),
 advantages, the policy model, log-probs, staleness arithmetic, tasks and the small
-protocols (`Sampler`, `WeightSink`) through which `learners` and `samplers` meet.
+protocols (`Sampler`) through which `learners` and `samplers` meet.
 Heavy optional dependencies (transformers, torch, HTTP clients) are imported lazily.
 """
 

@@ -1,4 +1,4 @@
-"""Group-relative advantage estimators and their broadcast to tokens.
+"""Group-relative advantage estimators.
 
 Inputs are sequence rewards, either ``rewards_PG: [P, G]`` (P prompts x G samples) or flat
 ``rewards_N: [N]`` with ``group_ids: [N] int`` (the prompt of each sample). Outputs have
@@ -137,15 +137,3 @@ def compute_advantages(
     else:
         gid = jnp.asarray(group_ids, jnp.int32)
     return _advantages(r, gid, num_groups, cfg)
-
-
-def broadcast_to_tokens(advantages_B: jax.Array, loss_mask: jax.Array) -> jax.Array:
-    """``[B]`` per-sequence advantages -> ``[B, T] f32``, 0 wherever ``loss_mask`` is false.
-
-    Raises:
-      ValueError: ``advantages_B`` is not ``[B]`` for ``loss_mask: [B, T]``.
-    """
-    a = jnp.asarray(advantages_B, jnp.float32)
-    if loss_mask.ndim != 2 or a.shape != loss_mask.shape[:1]:
-        raise ValueError(f"advantages_B must be [B] for loss_mask [B, T]; got {a.shape} and {loss_mask.shape}")
-    return jnp.where(loss_mask, a[:, None], 0.0)

@@ -79,10 +79,3 @@ class Sampler(Protocol):
     def resume(self) -> None:
         """Undo `pause`."""
         ...
-
-
-@runtime_checkable
-class WeightSink(Protocol):
-    """Where the learner publishes new weights (a sampler, a fleet, a parameter ring)."""
-
-    def update_weights(self, params: Any, version: int) -> None: ...

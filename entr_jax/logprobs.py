@@ -48,12 +48,17 @@ from entr_jax.sampling_filter import check_filter, filter_active, keep_mask
 Array = jax.Array
 
 __all__ = [
+    "CHUNK_SIZE",
     "LOGP_OUTSIDE_KEPT",
     "chunked_logprobs_entropy",
     "logprobs_entropy_from_logits",
     "naive_logprobs_entropy",
     "token_logprobs_entropy",
 ]
+
+CHUNK_SIZE = 128
+"""Default positions per chunk of the chunked log-prob pass (`chunked_logprobs_entropy`;
+the learner's ``logprob_chunk``): one name, one default."""
 
 LOGP_OUTSIDE_KEPT = -1.0e4
 """``logp`` reported for a target outside the filter's kept set (true value ``-inf``)."""
@@ -158,7 +163,7 @@ def chunked_logprobs_entropy(
     targets: Array,
     unembed: Callable[[Array], Array],
     *,
-    chunk_size: int = 128,
+    chunk_size: int = CHUNK_SIZE,
     temperature: float = 1.0,
     top_k: int = -1,
     top_p: float = 1.0,
@@ -242,7 +247,7 @@ def token_logprobs_entropy(
     tokens: Array,
     attention_mask: Array | None = None,
     *,
-    chunk_size: int = 128,
+    chunk_size: int = CHUNK_SIZE,
     temperature: float = 1.0,
     top_k: int = -1,
     top_p: float = 1.0,

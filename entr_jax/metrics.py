@@ -9,6 +9,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from entr_jax.objectives.common import LOG_RATIO_CLIP
+
 # Edges (nats) of the entropy buckets used for per-bucket ratio statistics; the last bucket
 # is open-ended. Chosen to separate the near-deterministic regime (< 0.1), where ENTR's
 # eps floor dominates, from moderate and high entropy.
@@ -22,7 +24,7 @@ def _masked(x: jax.Array, mask: jax.Array) -> jax.Array:
 def k3_sum(log_ratio_pi_mu: jax.Array, mask: jax.Array) -> jax.Array:
     """Sum over ``mask`` of ``k3 = (r - 1) - log r``, ``r = exp(clip(delta, -20, 20))``
     (the numerator of `kl_mu_pi_k3`, so microbatch sums add up). ``[] f32``."""
-    d = jnp.clip(_masked(log_ratio_pi_mu, mask), -20.0, 20.0)
+    d = jnp.clip(_masked(log_ratio_pi_mu, mask), -LOG_RATIO_CLIP, LOG_RATIO_CLIP)
     return jnp.sum(_masked(jnp.expm1(d) - d, mask))
 
 
@@ -98,13 +100,3 @@ def ratio_by_entropy_bucket(
     Returns: ``{"ratio_by_entropy/b{i}/count", ".../delta_sq_mean", ".../entropy_mean"}``.
     """
     return bucket_means(ratio_by_entropy_bucket_sums(log_ratio_pi_mu, entropy_mu, mask, edges))
-
-
-def staleness_stats(version: jax.Array, token_version: jax.Array, mask: jax.Array) -> dict:
-    """Token staleness ``version - token_version`` over ``mask``: mean and max (f32)."""
-    s = _masked((version - token_version).astype(jnp.float32), mask)
-    n = jnp.maximum(jnp.sum(mask), 1)
-    return {
-        "staleness/token_mean": jnp.sum(s) / n,
-        "staleness/token_max": jnp.max(jnp.where(mask, s, 0.0)),
-    }

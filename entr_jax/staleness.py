@@ -44,7 +44,7 @@ measured inter staleness only for trajectories that realise all switches. When e
 first turn has at least ``switch_window`` tokens (choose ``switch_window`` at most the
 shortest response length) measured == configured for both quantities. The loop reports what was
 realised: ``staleness/unrealised_switches`` (sum of ``u`` over the batch) and
-``staleness/all_switches_frac`` (`experiments.rollouts.rollout_metrics`).
+``staleness/all_switches_frac`` (`experiments.run.rollouts.rollout_metrics`).
 
 Everything here is host-side numpy and deterministic in ``(seed, batch index)``, so a run
 is reproducible bit for bit and resumable from `DelayLine.state_dict`.
@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import numpy as np
 
@@ -62,6 +62,12 @@ Mode = Literal["sync", "simulated", "async"]
 LagDistribution = Literal["fixed", "uniform", "geometric"]
 
 _INTER_STREAM = 1
+
+
+def _simulated(default: Any) -> Any:
+    """A field only ``mode="simulated"`` reads (the seeded plan)."""
+    return dataclasses.field(default=default, metadata={"variants": ("simulated",)})
+
 _INTRA_STREAM = 2
 
 
@@ -95,16 +101,20 @@ class StalenessConfig:
       seed: the lag schedule's own seed, in ``[0, 2**32)``.
     """
 
+    # the field that selects a variant, and per field the variants that read it
+    # (``metadata["variants"]``; none: every mode), checked by the run's command line
+    VARIANT_FIELD: ClassVar[str] = "mode"
+
     mode: Mode = "simulated"
-    inter_distribution: LagDistribution = "fixed"
-    inter_lag: int = 1
-    max_inter_lag: int = 1
-    geometric_p: float = 0.5
-    intra_switches: int = 0
-    switch_window: int = 16
+    inter_distribution: LagDistribution = _simulated("fixed")
+    inter_lag: int = _simulated(1)
+    max_inter_lag: int = _simulated(1)
+    geometric_p: float = _simulated(0.5)
+    intra_switches: int = _simulated(0)
+    switch_window: int = _simulated(16)
     ring_size: int = 2
-    max_staleness: int = 4
-    seed: int = 0
+    max_staleness: int = dataclasses.field(default=4, metadata={"variants": ("async",)})
+    seed: int = _simulated(0)
 
     def __post_init__(self):
         if self.mode not in ("sync", "simulated", "async"):

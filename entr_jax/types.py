@@ -32,41 +32,6 @@ BATCH_ROW_FIELDS = (
 """The `Batch` fields with a row axis (all but the scalar ``num_loss_tokens``)."""
 
 
-@dataclasses.dataclass
-class Generation:
-    """One sampled continuation, as every `Sampler` returns it (host-side numpy).
-
-    Attributes:
-      prompt_ids: ``[P] int32`` the token ids the continuation was conditioned on.
-      response_ids: ``[R] int32`` generated token ids (stop token included when one was hit).
-      logp_mu: ``[R] float32`` natural-log probability of each generated token under the
-        exact distribution it was sampled from (after temperature and any top-k/top-p
-        filtering). Non-finite values reported by an engine are kept as they came; the
-        batching step counts and masks them.
-      entropy_mu: ``[R] float32`` full-vocabulary Shannon entropy (nats) of that same
-        distribution at each position.
-      token_version: ``[R] int32`` policy version of the weights that produced each token.
-      finish_reason: ``"stop"`` (stop token or stop string), ``"length"`` (max new
-        tokens) or ``"abort"``.
-    """
-
-    prompt_ids: np.ndarray
-    response_ids: np.ndarray
-    logp_mu: np.ndarray
-    entropy_mu: np.ndarray
-    token_version: np.ndarray
-    finish_reason: FinishReason
-
-    def __post_init__(self):
-        n = len(self.response_ids)
-        for name in ("logp_mu", "entropy_mu", "token_version"):
-            if len(getattr(self, name)) != n:
-                raise ValueError(
-                    f"Generation.{name} has {len(getattr(self, name))} entries but "
-                    f"response_ids has {n}"
-                )
-
-
 @dataclasses.dataclass(frozen=True)
 class BehaviorParams:
     """The sampling parameters of the distribution ``mu`` a trajectory's policy tokens were
@@ -83,6 +48,53 @@ class BehaviorParams:
     top_k: int = -1
     top_p: float = 1.0
     min_p: float = 0.0
+
+    @classmethod
+    def of(cls, params: Any) -> "BehaviorParams":
+        """The distribution-shaping fields of ``params`` (an
+        `entr_jax.interfaces.SamplingParams`)."""
+        return cls(float(params.temperature), int(params.top_k), float(params.top_p),
+                   float(params.min_p))
+
+
+@dataclasses.dataclass
+class Generation:
+    """One sampled continuation, as every `Sampler` returns it (host-side numpy).
+
+    Attributes:
+      prompt_ids: ``[P] int32`` the token ids the continuation was conditioned on.
+      response_ids: ``[R] int32`` generated token ids (stop token included when one was hit).
+      logp_mu: ``[R] float32`` natural-log probability of each generated token under the
+        exact distribution it was sampled from (after temperature and any top-k/top-p
+        filtering). Non-finite values reported by an engine are kept as they came; the
+        batching step counts and masks them.
+      entropy_mu: ``[R] float32`` full-vocabulary Shannon entropy (nats) of that same
+        distribution at each position.
+      token_version: ``[R] int32`` policy version of the weights that produced each token.
+      finish_reason: ``"stop"`` (stop token or stop string), ``"length"`` (max new
+        tokens) or ``"abort"``.
+      behavior: the sampling parameters it was drawn with (`BehaviorParams`: temperature
+        and the top-k / top-p / min-p filters), or None when the sampler does not say;
+        `Trajectory.from_generation` carries it, so a learner scores (or refuses) the
+        distribution the tokens came from.
+    """
+
+    prompt_ids: np.ndarray
+    response_ids: np.ndarray
+    logp_mu: np.ndarray
+    entropy_mu: np.ndarray
+    token_version: np.ndarray
+    finish_reason: FinishReason
+    behavior: BehaviorParams | None = None
+
+    def __post_init__(self):
+        n = len(self.response_ids)
+        for name in ("logp_mu", "entropy_mu", "token_version"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(
+                    f"Generation.{name} has {len(getattr(self, name))} entries but "
+                    f"response_ids has {n}"
+                )
 
 
 @dataclasses.dataclass
@@ -121,7 +133,9 @@ class Trajectory:
 
     @classmethod
     def from_generation(cls, gen: Generation, **kwargs) -> "Trajectory":
-        """Single-turn trajectory: every response token is a policy token."""
+        """Single-turn trajectory: every response token is a policy token; it carries the
+        generation's ``behavior`` (``kwargs`` replace any field)."""
+        kwargs.setdefault("behavior", gen.behavior)
         return cls(
             prompt_ids=np.asarray(gen.prompt_ids, np.int32),
             response_ids=np.asarray(gen.response_ids, np.int32),

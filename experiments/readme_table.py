@@ -27,8 +27,8 @@ import re
 import sys
 from typing import Any
 
-from experiments.config import with_field_defaults
-from experiments.resume import RESULT_NEUTRAL_FIELDS, RESULT_NEUTRAL_SECTIONS
+from experiments.run.config import with_field_defaults
+from experiments.run.resume import RESULT_NEUTRAL_FIELDS, RESULT_NEUTRAL_SECTIONS
 
 BEGIN = "<!-- quickstart-table"
 END = "<!-- /quickstart-table -->"
@@ -40,9 +40,9 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def config_sha256(config: dict[str, Any]) -> str:
     """sha256 of a config dict (``config.json``) in canonical JSON, without the fields that
-    cannot change results (`experiments.resume.RESULT_NEUTRAL_FIELDS`, e.g. ``run_dir``,
-    and the sections `experiments.resume.RESULT_NEUTRAL_SECTIONS`, e.g. ``logging``), read
-    through `experiments.config.with_field_defaults`: a field added after a run counts with
+    cannot change results (`experiments.run.resume.RESULT_NEUTRAL_FIELDS`, e.g. ``run_dir``,
+    and the sections `experiments.run.resume.RESULT_NEUTRAL_SECTIONS`, e.g. ``logging``), read
+    through `experiments.run.config.with_field_defaults`: a field added after a run counts with
     the default it ran with, so adding one leaves the sha of an older run's config as the
     current preset's when nothing else changed."""
     def strip(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

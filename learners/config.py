@@ -1,5 +1,5 @@
 """The learner's configuration: the knobs a run sets (`LearnerOptions`, which
-`experiments.config.LearnerSpec` is with the run's field prefix) and the whole
+`experiments.run.config.LearnerSpec` is with the run's field prefix) and the whole
 `LearnerConfig` the `learners.learner.Learner` is built from. Each knob has one name, one
 default and one check, here."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+from entr_jax.logprobs import CHUNK_SIZE
 from entr_jax.sampling_filter import check_filter
 from entr_jax.sharding import MeshConfig
 from learners.optim import OptimizerConfig
@@ -37,7 +38,7 @@ class LearnerOptions:
 
     Raises:
       ValueError: a count below 1, named with ``FIELD_PREFIX`` (``LearnerConfig.`` here,
-        ``learner.`` for a run's `experiments.config.LearnerSpec`).
+        ``learner.`` for a run's `experiments.run.config.LearnerSpec`).
     """
 
     FIELD_PREFIX: ClassVar[str] = "LearnerConfig."
@@ -47,7 +48,7 @@ class LearnerOptions:
     epochs: int = 1
     mesh: MeshConfig = MeshConfig()
     max_bad_steps: int = 5
-    logprob_chunk: int = 128
+    logprob_chunk: int = CHUNK_SIZE
 
     def __post_init__(self):
         for name in ("microbatches", "minibatches", "epochs", "max_bad_steps", "logprob_chunk"):

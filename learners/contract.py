@@ -29,7 +29,7 @@ def check_reference_filters(inputs: Collection[str], filters: Mapping[str, Any],
     then clips ``logp_ref - logp_pi`` to -20 and adds the constant 19.0 with zero gradient,
     i.e. no penalty exactly where pi left the reference's support. KL(pi || ref) between
     truncated policies is not defined there, so the combination is refused. The run's
-    configuration calls it when it is parsed (`experiments.config.RunConfig`), the
+    configuration calls it when it is parsed (`experiments.run.config.RunConfig`), the
     `learners.learner.Learner` when it is built; each names the fields its caller sets.
 
     Args:

@@ -19,7 +19,7 @@ Metrics of one optimizer step (over its loss tokens; nats for entropies):
   (`entr_jax.metrics.k3_sum`);
 * every per-token log-ratio ``log(pi/mu)`` of these diagnostics (mean, ``abs_max``, the
   ``delta_sq`` of the entropy buckets, k3, the token ESS weights) is clipped to
-  ``[-20, 20]`` (``_LOG_CLIP``, the objectives' ``LOG_RATIO_CLIP``): with sampling filters
+  ``[-20, 20]`` (the objectives' `entr_jax.objectives.common.LOG_RATIO_CLIP`): with sampling filters
   a sampled token outside pi's kept set has ``logp_pi = LOGP_OUTSIDE_KEPT = -1e4``
   (`entr_jax.logprobs`), and one such token among 1000 would otherwise move the mean by
   -10 and set ``abs_max`` to ~1e4; clipped it counts as -20. The sequence weight of
@@ -46,6 +46,7 @@ import numpy as np
 
 from entr_jax import metrics as diag
 from entr_jax.objectives import pooling
+from entr_jax.objectives.common import LOG_RATIO_CLIP
 
 __all__ = ["HISTOGRAM_EDGES", "LEARNER_POOLING", "finalize", "pool_token_sums", "reduce_over_steps", "token_sums"]
 
@@ -53,8 +54,6 @@ HISTOGRAM_EDGES: dict[str, np.ndarray] = {
     "hist/log_ratio_pi_mu": np.linspace(-2.0, 2.0, 41, dtype=np.float32),
     "hist/entropy_pi": np.linspace(0.0, 12.0, 49, dtype=np.float32),
 }
-
-_LOG_CLIP = 20.0
 
 
 def _masked_hist(x: jax.Array, mask: jax.Array, edges: np.ndarray) -> jax.Array:
@@ -78,13 +77,13 @@ def token_sums(logp: jax.Array, entropy: jax.Array, batch: Any, version: jax.Arr
     f32 = jnp.float32
     valid_h = mask if batch.entropy_mu_valid is None else mask & batch.entropy_mu_valid
     raw_log_ratio = jnp.where(mask, logp - batch.logp_mu, 0.0)
-    log_ratio = jnp.clip(raw_log_ratio, -_LOG_CLIP, _LOG_CLIP)  # see the module docstring
+    log_ratio = jnp.clip(raw_log_ratio, -LOG_RATIO_CLIP, LOG_RATIO_CLIP)  # see the module docstring
     ent = jnp.where(mask, entropy, 0.0)
     ent_mu = jnp.where(valid_h, batch.entropy_mu, 0.0)
     staleness = jnp.where(mask, (version - batch.token_version).astype(f32), 0.0)
     w = jnp.where(mask, jnp.exp(log_ratio), 0.0)
     rows = jnp.any(mask, axis=-1)
-    seq_w = jnp.where(rows, jnp.exp(jnp.clip(jnp.sum(raw_log_ratio, axis=-1), -_LOG_CLIP, _LOG_CLIP)), 0.0)
+    seq_w = jnp.where(rows, jnp.exp(jnp.clip(jnp.sum(raw_log_ratio, axis=-1), -LOG_RATIO_CLIP, LOG_RATIO_CLIP)), 0.0)
     sums = {
         "tokens/num_loss_tokens": jnp.sum(mask, dtype=f32),
         "tokens/entropy_mu_unknown": jnp.sum(mask & ~valid_h, dtype=f32),
@@ -176,7 +175,7 @@ def _rule(key: str, rules: Mapping[str, str]) -> str:
             f"reduce_over_steps: metric {key!r} has no pooling rule, so it cannot be reduced "
             "over the optimizer updates of a rollout batch; declare one in "
             "entr_jax.objectives.pooling.METRIC_POOLING (registry objectives) or in the "
-            "objective's metric_pooling attribute (a weight key, 'count', 'max', 'min' or "
+            "Objective's metric_pooling field (a weight key, 'count', 'max', 'min' or "
             "'last'; see entr_jax.objectives.pooling)")
     return rules[key]
 

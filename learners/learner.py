@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from entr_jax.objectives import Objective
 from entr_jax.sharding import make_mesh
 from entr_jax.types import Trajectory
 from learners.batching import make_batch
@@ -88,8 +89,8 @@ class Learner:
       module_fn: builds the policy `nnx.Module` (traced once for shapes, then run inside
         a jit that writes the parameters directly into their shardings).
       config: `LearnerConfig`.
-      objective: ``objective(logp_pi, batch) -> (loss, metrics)`` (from
-        ``entr_jax.objectives.make_objective``); None for SFT only.
+      objective: an `entr_jax.objectives.Objective` (``make_objective``; name, config,
+        inputs, batch statistics); None for SFT only.
       logdir: metrics directory (tensorboard + ``metrics.jsonl``), or None.
       checkpoint: a `CheckpointManager`, or None.
       devices: devices of the mesh (default: all).
@@ -112,7 +113,7 @@ class Learner:
         module_fn: Callable[[], nnx.Module],
         config: LearnerConfig,
         *,
-        objective: Callable | None = None,
+        objective: Objective | None = None,
         logdir: str | Path | None = None,
         checkpoint: CheckpointManager | None = None,
         devices: Sequence[Any] | None = None,
@@ -120,10 +121,11 @@ class Learner:
         params: nnx.State | None = None,
     ):
         self.config = config
-        name = getattr(objective, "name", "the objective")
-        coef = getattr(getattr(objective, "config", None), "kl_coef", None)
+        name = objective.name if objective is not None else "the objective"
+        coef = (getattr(objective.config, "kl_coef", None)  # a config field: GRPO's only
+                if objective is not None else None)
         check_reference_filters(
-            getattr(objective, "inputs", frozenset()),
+            objective.inputs if objective is not None else frozenset(),
             {"top_p": config.top_p, "top_k": config.top_k, "min_p": config.min_p},
             kl=f"{name} (it reads logp_ref)" if coef is None else f"{name}'s kl_coef={coef}",
             kl_off="kl_coef=0",
@@ -149,7 +151,7 @@ class Learner:
         self.sft_step = make_train_step("sft", self.tx, self.shardings, self.mesh,
                                         lr_schedule=schedule, **kw)
         self.logprob_fn = make_logprob_fn(self.shardings, self.mesh, **kw)
-        inputs = getattr(objective, "inputs", frozenset())
+        inputs = objective.inputs if objective is not None else frozenset()
         self.needs_prox = "logp_prox" in inputs
         self.needs_ref = "logp_ref" in inputs
         self.reads_entropy_mu = "entropy_mu" in inputs
@@ -230,7 +232,7 @@ class Learner:
             batch = batch.replace(logp_prox=self.logprob_fn(self.state.params, self.state.other, batch)[0])
         if self.needs_ref:
             if self.ref_params is None:
-                name = getattr(self.objective, "name", "the objective")
+                name = self.objective.name
                 raise ValueError(f"{name} reads logp_ref (kl_coef > 0) but the learner has no "
                                  "reference policy: call Learner.set_reference first")
             batch = batch.replace(logp_ref=self.logprob_fn(self.ref_params, self.state.other, batch)[0])

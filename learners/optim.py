@@ -32,7 +32,8 @@ class OptimizerConfig:
       total_steps: length of the cosine schedule, warmup included (> warmup_steps when
         ``schedule == "cosine"``; ignored for "constant").
       final_lr_fraction: cosine end value as a fraction of the peak, in [0, 1].
-      b1, b2: Adam moment decay rates, in [0, 1).
+      b1: Adam moment decay rates, in [0, 1).
+      b2: Adam moment decay rates, in [0, 1).
       eps: Adam denominator epsilon (> 0).
       weight_decay: decoupled weight decay coefficient (>= 0), applied only to parameters
         with two or more dimensions (not to norm scales or biases).

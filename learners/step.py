@@ -51,7 +51,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
-from entr_jax.logprobs import token_logprobs_entropy
+from entr_jax.logprobs import CHUNK_SIZE, token_logprobs_entropy
 from entr_jax.sharding import batch_sharding, replicated
 from entr_jax.types import BATCH_ROW_FIELDS, Batch, ObjectiveInput
 from learners.accumulate import accumulate
@@ -117,7 +117,7 @@ def make_train_step(
     mesh: Mesh,
     *,
     objective: Objective | None = None,
-    chunk_size: int = 128,
+    chunk_size: int = CHUNK_SIZE,
     temperature: float = 1.0,
     top_k: int = -1,
     top_p: float = 1.0,
@@ -138,12 +138,12 @@ def make_train_step(
       tx: the optax transformation (`learners.optim.make_optimizer`).
       state_shardings: `learners.state.train_state_shardings` of the state (built once).
       mesh: the learner mesh.
-      objective: required for ``"rl"`` (closed over, static), e.g.
-        ``entr_jax.objectives.make_objective("entr")``; its ``batch_stats`` attribute (None
-        for most) gives the statistics taken over the whole optimizer batch, and an
-        optional ``metric_pooling`` attribute (``{key: rule}``, see
-        `entr_jax.objectives.pooling`) the pooling rules of metrics that
-        `entr_jax.objectives.METRIC_POOLING` does not declare (a custom objective's).
+      objective: an `entr_jax.objectives.Objective`, required for ``"rl"`` (closed over,
+        static), e.g. ``make_objective("entr")``; its ``batch_stats`` (None for most)
+        gives the statistics taken over the whole optimizer batch, and its
+        ``metric_pooling`` (``{key: rule}``, see `entr_jax.objectives.pooling`) the
+        pooling rules of metrics that `entr_jax.objectives.METRIC_POOLING` does not
+        declare (a custom objective's).
       chunk_size, temperature: passed to `token_logprobs_entropy`; ``temperature`` must be
         the sampling temperature so ``logp_pi`` and ``logp_mu`` describe the same
         distribution family.
@@ -176,8 +176,8 @@ def make_train_step(
             raise ValueError(f"make_train_step: {name} must be >= 1, got {value}")
     loss_fn = objective if kind == "rl" else _sft_loss
     filters = dict(top_k=top_k, top_p=top_p, min_p=min_p) if kind == "rl" else {}
-    stats_fn = getattr(objective, "batch_stats", None) if kind == "rl" else None
-    rules = {**METRIC_POOLING, **(getattr(objective, "metric_pooling", None) or {})}
+    stats_fn = objective.batch_stats if kind == "rl" else None
+    rules = {**METRIC_POOLING, **((objective.metric_pooling if kind == "rl" else None) or {})}
     graphdef = state_shardings.graphdef
     param_shardings = state_shardings.params
     step = Step(fn=lambda *a: None)
@@ -274,7 +274,7 @@ def make_logprob_fn(
     state_shardings: TrainState,
     mesh: Mesh,
     *,
-    chunk_size: int = 128,
+    chunk_size: int = CHUNK_SIZE,
     temperature: float = 1.0,
     top_k: int = -1,
     top_p: float = 1.0,

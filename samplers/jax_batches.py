@@ -42,7 +42,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from entr_jax.types import Generation
+from entr_jax.types import BehaviorParams, Generation
 
 # KV-cache recomputation after a swap covers the written slots rounded up to a multiple of
 # this (one compiled shape per multiple and cache size: at most M / 32 per cache size),
@@ -251,6 +251,7 @@ class BatchRun:
                 prompt_ids=prompt, response_ids=tok[r, :n].copy(), logp_mu=logp[r, :n].copy(),
                 entropy_mu=ent[r, :n].copy(), token_version=ver[r, :n].copy(),
                 finish_reason="stop" if hits.size else "length",
+                behavior=BehaviorParams.of(params),
             ))
             stats["tokens_generated"] += n
         return gens

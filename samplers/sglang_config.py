@@ -114,7 +114,9 @@ class FleetPolicy:
         A try whose failure takes its server out of rotation does not count (the health
         rules deal with that server, and the request waits for one to come back), nor does
         waiting; so an outage is waited out, not retried away.
-      backoff_initial_s, backoff_max_s: exponential backoff between tries
+      backoff_initial_s: exponential backoff between tries
+        (``tenacity.wait_exponential``), seconds.
+      backoff_max_s: exponential backoff between tries
         (``tenacity.wait_exponential``), seconds.
       unhealthy_after: consecutive failures after which a server (or the router) is
         taken out of rotation.

@@ -67,7 +67,7 @@ import numpy as np
 import tenacity
 
 from entr_jax.interfaces import SamplingParams
-from entr_jax.types import Generation
+from entr_jax.types import BehaviorParams, Generation
 from samplers.sglang_config import SGLangFleetConfig
 from samplers.sglang_protocol import (
     MalformedResponse,
@@ -315,6 +315,7 @@ class SGLangFleet:
             entropy_mu=cat("entropy", np.float32),
             token_version=versions,
             finish_reason=finish,
+            behavior=BehaviorParams.of(params),
         )
 
     def _request_segment(self, payload: dict[str, Any]) -> Segment:

@@ -73,10 +73,10 @@ def fleet_reference():
 @pytest.fixture
 def entr_run(capsys):
     """``entr_run(argv) -> (exit status, stderr)``: the command line as a user runs it
-    (`experiments.run.main`), with tyro's box drawing removed and whitespace collapsed."""
+    (`experiments.run.cli.main`), with tyro's box drawing removed and whitespace collapsed."""
     import re
 
-    from experiments import run as cli
+    from experiments.run import cli
 
     def call(argv):
         try:

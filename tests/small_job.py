@@ -7,8 +7,9 @@ import json
 import numpy as np
 
 from entr_jax.staleness import StalenessConfig
-from experiments.configs import QUICKSTART
-from experiments.job import Job
+from experiments.run.configs import QUICKSTART
+from experiments.run.job import Job
+from experiments.run.loop import Hook
 
 
 def small_argv(model_dir, run_dir, *extra):
@@ -42,9 +43,10 @@ def small_config(model_dir, run_dir, **changes):
     return dataclasses.replace(cfg, **changes)
 
 
-def run(cfg, resume=False):
-    """Run (or resume) ``cfg`` without progress bars; returns ``(job, summary)``."""
-    job = Job(cfg, resume=resume, show_progress=False)
+def run(cfg, resume=False, **options):
+    """Run (or resume) ``cfg`` without progress bars; returns ``(job, summary)``.
+    ``options``: `Job`'s ``hooks`` and ``advantages``."""
+    job = Job(cfg, resume=resume, show_progress=False, **options)
     summary = job.run_job()
     return job, summary
 
@@ -54,8 +56,37 @@ def metrics(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def synthetic_advantages(self, batch):
-    """A stand-in for ``Job.advantages`` (monkeypatch it in): +1 when an episode's first
+def crash_at(step, error=KeyboardInterrupt, action=None):
+    """A hook that raises ``error`` at RL step ``step`` before the update, the first thing
+    of that step after its batch is handed over (nothing of the step is saved); with
+    ``action(step)`` called instead of raising at that step, when given."""
+    def crash(info):
+        if info.step == step:
+            if action is not None:
+                return action(step)
+            raise error(f"simulated crash at step {step}")
+
+    return Hook(crash, phase="before_update")
+
+
+def with_job_options(monkeypatch, **options):
+    """Give every `Job` made from now on, also by the command line, ``options`` (its
+    ``hooks`` and ``advantages``)."""
+    init = Job.__init__
+
+    def patched(self, cfg, **kw):
+        init(self, cfg, **{**options, **kw})
+
+    monkeypatch.setattr(Job, "__init__", patched)
+
+
+def synthetic(parts):
+    """`Job`'s ``advantages`` option giving `synthetic_advantages`."""
+    return synthetic_advantages
+
+
+def synthetic_advantages(batch):
+    """A stand-in advantage function (`Job`'s ``advantages=synthetic``): +1 when an episode's first
     response token id is even, else -1, a signal the untrained small policy can follow (the
     task's reward is 0 for all its samples, so GRPO's advantages would be 0 and nothing
     would move)."""

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from entr_jax.advantages import AdvantageConfig, broadcast_to_tokens, compute_advantages, normalize_batch
+from entr_jax.advantages import AdvantageConfig, compute_advantages, normalize_batch
 
 TOL = 1e-5
 REWARDS = jnp.array([[1.0, 0.0, 0.0, 1.0], [0.1, 0.1, 0.1, 0.1], [3.0, 0.0, 0.0, 0.0]])
@@ -72,13 +72,6 @@ def test_batch_normalize_golden():
     np.testing.assert_allclose(a[2, 0], 2.25 / 0.803638, rtol=1e-5)
     np.testing.assert_allclose(float(jnp.std(a)), 1.0, rtol=1e-5)
     assert np.all(np.asarray(normalize_batch(jnp.full((3,), 2.0))) == 0.0)
-
-
-def test_broadcast_to_tokens():
-    mask = jnp.array([[True, True, False], [False, True, True]])
-    np.testing.assert_array_equal(broadcast_to_tokens(jnp.array([2.0, -1.0]), mask), [[2.0, 2.0, 0.0], [0.0, -1.0, -1.0]])
-    with pytest.raises(ValueError, match="advantages_B"):
-        broadcast_to_tokens(jnp.array([1.0, 2.0, 3.0]), mask)
 
 
 @pytest.mark.parametrize(

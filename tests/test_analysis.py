@@ -341,9 +341,9 @@ def test_sweep_specs_expand_to_valid_configs():
     import shlex
 
     from entr_jax.objectives import OBJECTIVES
-    from experiments import run as cli
-    from experiments.configs import QUICKSTART
-    from experiments import sweep
+    from experiments.run import cli
+    from experiments.run.configs import QUICKSTART
+    from experiments.multirun import sweep
 
     sweeps = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "sweeps"
     got = {}

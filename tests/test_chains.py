@@ -12,8 +12,8 @@ from entr_jax.assets import tiny_dir
 from entr_jax.data.chains import chain_sum_source, worked_chain
 from entr_jax.tasks.exact import ExactNumberScorer
 from entr_jax.tokenizer import Tokenizer
-from experiments.configs import preset
-from experiments.tasks import build_task, demo_trajectory
+from experiments.run.configs import preset
+from experiments.run.tasks import build_task, demo_trajectory
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def test_measured_intra_staleness_on_the_stress_task(switches, tmp_path):
     from flax import nnx
 
     from entr_jax.model import Decoder, ModelConfig, save_pretrained
-    from experiments.job import Job
+    from experiments.run.job import Job
 
     model_dir = tmp_path / "model"
     hf = json.loads((tiny_dir() / "config.json").read_text())
@@ -164,8 +164,8 @@ def test_exact_number_scorer_with_the_last_number_fallback():
 
 
 def test_arithmetic_task_scores_exactly_without_math_verify():
-    from experiments.configs import QUICKSTART
-    from experiments.tasks import build_task
+    from experiments.run.configs import QUICKSTART
+    from experiments.run.tasks import build_task
 
     task = build_task(QUICKSTART.task)
     scorer = task.env_factory().scorer

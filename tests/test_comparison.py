@@ -1,4 +1,4 @@
-"""The fair comparison protocol (experiments.comparison): every comparison spec in
+"""The fair comparison protocol (experiments.multirun.comparison): every comparison spec in
 experiments/sweeps resolves to runs that differ from their shared base only in the fields
 each method declares; undeclared differences are refused; the report lists the rest."""
 
@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from experiments import comparison, sweep
+from experiments.multirun import comparison, sweep
 
 SWEEPS = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "sweeps"
 COMPARISON_SPECS = sorted(p for p in SWEEPS.glob("*.toml") if "[comparison]" in p.read_text())
@@ -107,7 +107,7 @@ def test_methods_multiply_grid_points_and_seeds(tmp_path):
 def test_cli_resolution_matches_the_fast_resolution(tmp_path):
     """The command a sweep runs (tyro on the command line) gives the same config as
     `comparison.resolve` for a method with None, float and string overrides."""
-    from experiments.run import parse
+    from experiments.run.cli import parse
 
     spec = _spec(tmp_path)
     run = next(r for r in sweep.expand(spec, tmp_path) if r.name.startswith("method=grpo_sync"))
@@ -207,7 +207,7 @@ def test_every_compared_method_computes_something_of_its_own(path):
     import numpy as np
 
     from entr_jax.types import ObjectiveInput
-    from experiments.objective import build_objective
+    from experiments.run.objective import build_objective
 
     spec = sweep.load_spec(path)
     points = dict(comparison.method_points(spec))

@@ -84,7 +84,7 @@ def test_reasoning_gym_missing_names_the_study_extra(monkeypatch):
                        r"reasoning-gym package, which a plain install leaves out: pip install "
                        r"'entr-jax\[study\]'"):
         sources.reasoning_gym_source("chain_sum", size=1)
-    from experiments.errors import is_complete, is_user_error
+    from experiments.run.errors import is_complete, is_user_error
 
     try:
         sources.reasoning_gym_source("chain_sum", size=1)

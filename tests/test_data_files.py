@@ -402,8 +402,8 @@ def test_python_dash_m_entr_jax_data(clean_env, tmp_path):
 
 
 def test_data_dir_flag_reaches_the_task(clean_env, monkeypatch, tmp_path):
-    from experiments.run import parse
-    from experiments.tasks import build_task
+    from experiments.run.cli import parse
+    from experiments.run.tasks import build_task
 
     cfg, _ = parse(["quickstart", "--data.dir", str(tmp_path)])
     assert cfg.data.dir == str(tmp_path)

@@ -1,4 +1,4 @@
-"""The split of every log-ratio into mismatch and staleness (`experiments.decomposition`,
+"""The split of every log-ratio into mismatch and staleness (`experiments.run.decomposition`,
 `experiments.analysis.decompose`): exact on a planted mismatch, zero staleness at lag 0,
 zero mismatch with a float32 sampler, and the parts adding up to the whole."""
 
@@ -18,13 +18,12 @@ from entr_jax.staleness import ParamRing, StalenessConfig
 from entr_jax.types import Trajectory
 from experiments.analysis import decompose, decompose_tables
 from experiments.analysis.runs import load_run
-from experiments.config import SamplerSpec
-from experiments.decomposition import logp_at_token_version
-from experiments.job import Job
+from experiments.run.config import SamplerSpec
+from experiments.run.decomposition import logp_at_token_version
 from learners.learner import Learner, LearnerConfig
 from learners.optim import OptimizerConfig
 from samplers.jax_sampler import JaxSampler, JaxSamplerConfig
-from tests.small_job import run, small_config, synthetic_advantages
+from tests.small_job import run, small_config, synthetic
 
 PLANT = 0.5  # the sampler's logits are (1 + PLANT) x the learner's: temperature 1 / 1.5
 
@@ -105,16 +104,13 @@ def decomposed_runs(small_model_dir, tmp_path_factory):
         "stale_int8": dict(staleness=stale, sampler=SamplerSpec(weight_quant="int8")),
     }
     out = {"dirs": {}}
-    patch = pytest.MonkeyPatch()
-    patch.setattr(Job, "advantages", synthetic_advantages)  # the policy moves
     for name, changes in cfgs.items():
         cfg = small_config(small_model_dir, root / name, rl_steps=4, token_samples_every=1,
                            **changes)
         cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, learning_rate=3e-3))
-        run(cfg)
+        run(cfg, advantages=synthetic)  # the policy moves
         out[name] = decompose.load_run(load_run(root / name))[0]
         out["dirs"][name] = root / name
-    patch.undo()
     return out
 
 

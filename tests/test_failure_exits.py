@@ -10,19 +10,22 @@ import textwrap
 # the run of `test_resume`, with the checkpoint directory turned into a file at RL step 1
 SCRIPT = textwrap.dedent("""
     import pathlib, shutil, sys
-    from experiments import run
-    from experiments.job import Job
+    from experiments.run import cli as run
+    from experiments.run.job import Job
+    from experiments.run.loop import Hook
 
     run_dir, model = pathlib.Path(sys.argv[1]), sys.argv[2]
-    original = Job.token_samples
+    init = Job.__init__
 
-    def sabotage(self, step, batch):
-        if step == 1:
+    def sabotage(info):
+        if info.step == 1:
             shutil.rmtree(run_dir / "checkpoints")
             (run_dir / "checkpoints").write_text("")
-        return original(self, step, batch)
 
-    Job.token_samples = sabotage
+    def with_sabotage(self, cfg, **kw):
+        init(self, cfg, hooks=[Hook(sabotage, phase="before_update")], **kw)
+
+    Job.__init__ = with_sabotage
     sys.argv = ["entr-run", "quickstart", "--run_dir", str(run_dir), "--model.path", model,
                 "--sft.steps", "0", "--sft.no_save_model", "--rl_steps", "4",
                 "--checkpoint.every", "2", "--token_samples_every", "0",

@@ -34,6 +34,34 @@ def _files(rel: str):
     return sorted(p.rglob("*.py")) if p.is_dir() else [p]
 
 
+# Inside experiments/ (design.md, "Layout"): the main job does not know about sweeps or
+# analysis; analysis reads run directories, never drives runs.
+EXPERIMENTS_FORBIDDEN = {
+    "experiments/run": {"experiments.multirun", "experiments.analysis"},
+    "experiments/analysis": {"experiments.multirun"},
+}
+
+
+def _dotted_imports(path: pathlib.Path) -> set[str]:
+    """Every module named by an import of ``path`` (``from a import b``: ``a`` and ``a.b``)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+@pytest.mark.parametrize("folder", sorted(EXPERIMENTS_FORBIDDEN))
+def test_experiments_subpackage_direction(folder):
+    bad = {str(f.relative_to(REPO)): sorted(
+               n for n in _dotted_imports(f)
+               if any(n == p or n.startswith(p + ".") for p in EXPERIMENTS_FORBIDDEN[folder]))
+           for f in _files(folder)}
+    assert {f: b for f, b in bad.items() if b} == {}
+
+
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_dependency_direction(package):
     bad = {str(f.relative_to(REPO)): sorted(_imports(f) & FORBIDDEN[package])

@@ -1,13 +1,14 @@
-"""Bad input is refused before any work, through the real CLI entry (`experiments.run.main`):
+"""Bad input is refused before any work, through the real CLI entry (`experiments.run.cli.main`):
 exit status 2, one paragraph naming the field or the file, no traceback, nothing written."""
 
+import dataclasses
 import errno
 import os
 import re
 
 import pytest
 
-from experiments import run as cli
+from experiments.run import cli
 
 
 @pytest.fixture
@@ -38,7 +39,7 @@ PARSE_CASES = [
     (["--sampler.min_prompt_bucket", "0"], "sampler.min_prompt_bucket must be >= 1, got 0"),
     (["--learner.logprob_chunk", "0"], "learner.logprob_chunk must be >= 1, got 0"),
     (["--optim.warmup_steps", "-1"],
-     "Error parsing optim: OptimizerConfig.warmup_steps must be >= 0, got -1"),
+     "Error parsing optim: optim.warmup_steps must be >= 0, got -1"),
     (["--staleness.mode", "sync", "--staleness.inter_lag", "5"],
      "staleness.inter_lag only applies to staleness.mode=simulated; this run is "
      "staleness.mode=sync: it trains on-policy (lag 0, no intra switches). Remove "
@@ -75,7 +76,7 @@ PARSE_CASES = [
     (["--sampling.temperature", "inf"], "sampling.temperature must be a finite number, got inf"),
     (["--sampler.logit_noise_std", "inf"],
      "sampler.logit_noise_std must be a finite number, got inf"),
-    (["--objective.entr.tau", "nan"], "EntrConfig.tau must be a number in (0.0, inf], got nan"),
+    (["--objective.entr.tau", "nan"], "objective.entr.tau must be a number in (0.0, inf], got nan"),
     (["--name", ""], "name must be a non-empty run name inside runs/"),
     (["--name", "../elsewhere"], "name must be a non-empty run name inside runs/"),
     # found by benchmarks/bad_inputs.py: reached the work silently, or hung
@@ -88,7 +89,7 @@ PARSE_CASES = [
      "sampler.server_urls must be http(s):// URLs (e.g. http://127.0.0.1:30000), got "
      "('127.0.0.1:30000', '')"),
     (["--optim.total_steps", "-1"],
-     "Error parsing optim: OptimizerConfig.total_steps must be >= 0, got -1"),
+     "Error parsing optim: optim.total_steps must be >= 0, got -1"),
     # options of a kind, objective or task the run does not select
     (["--sampler.server_urls", "http://127.0.0.1:30000"],
      "sampler.server_urls only applies to sampler.kind=sglang; this run is sampler.kind=jax. "
@@ -106,7 +107,28 @@ PARSE_CASES = [
      "--verifier.fast_path to turn it on or --verifier.no_fast_path to turn it off"),
     (["--task.chain_terms_max", "12"],
      "task.chain_terms_max only applies to task.name=chain_sum; this run is task.name=arithmetic"),
+    # the embedded sampler's options with the fleet (scan_layers was once let through)
+    (["--sampler.kind", "sglang", "--sampler.server_urls", "http://127.0.0.1:30000",
+      "--objective.entr.entropy_source", "behavior_topk", "--staleness.intra_switches", "0",
+      "--sampler.scan_layers"],
+     "sampler.scan_layers only applies to sampler.kind=jax; this run is sampler.kind=sglang. "
+     "Remove --sampler.scan_layers or set --sampler.kind jax"),
 ]
+
+
+def test_every_sampler_option_belongs_to_one_kind():
+    """Each field of `SamplerSpec` but ``kind`` states the kind that reads it (at the
+    field: `experiments.run.specs.variant`), so a new option cannot slip through for the
+    other kind; the rules are read from the types, not kept by hand."""
+    from experiments.run.config import SELECTED_FIELDS, SamplerSpec
+
+    fields = [f.name for f in dataclasses.fields(SamplerSpec) if f.name != "kind"]
+    rules = {k.rstrip(".").split(".", 1)[1]: v for k, v in SELECTED_FIELDS.items()
+             if k.startswith("sampler.")}
+    assert sorted(rules) == sorted(fields)
+    assert {v[0] for v in rules.values()} == {"sampler.kind"}
+    assert rules["scan_layers"] == ("sampler.kind", ("jax",))
+    assert rules["fleet"] == ("sampler.kind", ("sglang",))
 
 
 @pytest.mark.parametrize("args, message", PARSE_CASES, ids=[" ".join(a) for a, _ in PARSE_CASES])
@@ -261,7 +283,7 @@ def test_path_component_over_name_max(call, capsys, tmp_path):
 
 def test_read_only_run_dir_simulated(call, capsys, tmp_path, monkeypatch):
     """A directory where files cannot be created (simulated: tests may run as root)."""
-    from experiments import preflight
+    from experiments.run import preflight
 
     def refuse(*args, dir=None, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied", os.path.join(dir, "probe"))
@@ -288,7 +310,7 @@ def test_read_only_run_dir(call, capsys, tmp_path):
 
 def test_full_disk_when_writing_the_run_directory(call, capsys, tmp_path, monkeypatch):
     """ENOSPC while config.json is written: one line naming the file, nothing partial."""
-    from experiments import rundir
+    from experiments.run import rundir
 
     def full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -343,7 +365,7 @@ def test_full_disk_mid_run_names_the_file_and_the_resume_command(call, capsys, t
 
 @pytest.mark.parametrize("how", ["flag", "env"])
 def test_debug_flag_prints_the_traceback(how, capsys, tmp_path, monkeypatch):
-    from experiments import rundir
+    from experiments.run import rundir
 
     def full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -408,10 +430,10 @@ def test_prompt_plus_response_budget_over_the_model_context(call, capsys, tmp_pa
 
     from entr_jax.assets import tiny_dir
     from entr_jax.tokenizer import Tokenizer
-    from experiments import preflight
-    from experiments.configs import QUICKSTART
-    from experiments.errors import ConfigError
-    from experiments.tasks import build_task
+    from experiments.run import preflight
+    from experiments.run.configs import QUICKSTART
+    from experiments.run.errors import ConfigError
+    from experiments.run.tasks import build_task
 
     task = build_task(QUICKSTART.task)
     tok = Tokenizer.from_pretrained(str(tiny_dir()))
@@ -433,7 +455,7 @@ def test_resume_reads_the_runs_own_configuration(call, tmp_path, capsys):
     import dataclasses
     import json
 
-    from experiments.configs import QUICKSTART
+    from experiments.run.configs import QUICKSTART
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -477,8 +499,8 @@ def test_a_run_too_short_for_its_lag_is_warned_with_the_full_lag_step_count(tmp_
     only steps 33..39 get the configured lag; the job warns (and still runs)."""
     import dataclasses
 
-    from experiments import preflight
-    from experiments.configs import QUICKSTART, STRESS
+    from experiments.run import preflight
+    from experiments.run.configs import QUICKSTART, STRESS
 
     assert preflight.lag_horizon(QUICKSTART) is None  # inter 2 + 1 over 100 steps
     assert preflight.lag_horizon(STRESS) is None  # inter 4 + 3 over 60 steps
@@ -499,3 +521,42 @@ def test_a_run_too_short_for_its_lag_is_warned_with_the_full_lag_step_count(tmp_
                          "--staleness.inter_lag", "30", "--staleness.intra_switches", "3",
                          "--model.path", str(missing)])
     assert code == 2  # refused afterwards for the missing model, before any work
+
+
+def test_every_field_has_a_help_description():
+    """``entr-run PRESET --help`` describes every field (tyro reads one ``name: text``
+    entry per field from the class docstrings; ``a, b: text`` entries give none)."""
+    import warnings
+
+    import tyro
+
+    from experiments.run.config import RunConfig
+    from experiments.run.configs import PRESETS
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        parser = tyro.extras.get_parser(RunConfig, default=PRESETS["stress"][1])
+    options = [a for a in parser._actions if a.option_strings and a.dest != "help"]
+    bare = [a.option_strings[0] for a in options
+            if not re.sub(r"\(default[^)]*\)\s*$", "", str(a.help or "")).strip()]
+    assert len(options) > 150 and bare == []
+
+
+def test_errors_of_a_section_name_the_field_as_the_command_line_does():
+    """A section built from a library class (the optimizer, every objective's section)
+    names its fields as the command line spells them, not as the class does."""
+    from experiments.run.config import ObjectiveSpec, OptimSection, RunConfig
+
+    with pytest.raises(ValueError) as err:
+        OptimSection(learning_rate=0.0)
+    assert str(err.value) == "optim.learning_rate must be > 0, got 0.0"
+    for f in dataclasses.fields(ObjectiveSpec):
+        if f.name == "name":
+            continue
+        section = f.type if isinstance(f.type, type) else type(f.default)
+        assert section.__name__.endswith("Config")
+        with pytest.raises(ValueError) as err:
+            section(aggregation="nope")
+        assert str(err.value).startswith(f"objective.{f.name}.aggregation "), str(err.value)
+    cfg = RunConfig()
+    assert type(cfg.optim) is OptimSection

@@ -11,7 +11,7 @@ from flax import nnx
 
 from entr_jax.assets import tiny_dir
 from entr_jax.model import Decoder, ModelConfig
-from experiments.config import ModelSpec, SamplerSpec
+from experiments.run.config import ModelSpec, SamplerSpec
 from samplers.jax_quant import quantize_weights
 
 

@@ -12,7 +12,7 @@ from flax import nnx
 
 from entr_jax.model import Decoder, ModelConfig, init_cache, to_hf_state_dict
 from entr_jax.model.decoder import relayout
-from experiments.config import ModelSpec
+from experiments.run.config import ModelSpec
 from learners.optim import OptimizerConfig, make_optimizer
 
 CONFIGS = {

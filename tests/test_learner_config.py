@@ -1,5 +1,5 @@
 """The learner's knobs have one name, one default and one check (`learners.config`): the
-run's `experiments.config.LearnerSpec` is `LearnerOptions` with its errors naming
+run's `experiments.run.config.LearnerSpec` is `LearnerOptions` with its errors naming
 ``learner.<field>``, and `LearnerSpec.build` makes the `LearnerConfig` the job trains with;
 the KL-under-filters refusal is one function both layers call."""
 
@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from experiments.config import LearnerSpec, RunConfig, SamplingSpec
+from experiments.run.config import LearnerSpec, RunConfig, SamplingSpec
 from learners.config import LearnerConfig, LearnerOptions
 from learners.contract import check_reference_filters
 from learners.optim import OptimizerConfig

@@ -32,9 +32,3 @@ def test_ratio_by_entropy_bucket_by_hand():
     assert float(out["ratio_by_entropy/b4/count"]) == 0  # the 2.5 token is masked
 
 
-def test_staleness_stats():
-    tv = jnp.array([[3, 4, 0], [5, 5, 5]])
-    mask = jnp.array([[True, True, False], [True, False, False]])
-    out = metrics.staleness_stats(jnp.int32(6), tv, mask)
-    np.testing.assert_allclose(out["staleness/token_mean"], (3 + 2 + 1) / 3)
-    assert float(out["staleness/token_max"]) == 3

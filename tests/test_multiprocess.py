@@ -2,7 +2,7 @@
 
 Each process takes its own share of every global prompt batch and its own sampling
 streams; the union of the shares is the one-process batch; metrics, advantages and
-checkpoints cover both processes (`experiments.multiprocess`). The end-to-end tests run
+checkpoints cover both processes (`experiments.run.multiprocess`). The end-to-end tests run
 a 2-process job whose processes both SIGKILL themselves mid-run and are resumed (default
 suite), and compare it bit for bit with an uninterrupted 2-process job (slow).
 """
@@ -26,9 +26,9 @@ from entr_jax.assets import tiny_dir
 from entr_jax.data import PromptBatchIterator, PromptDataConfig
 from entr_jax.model import Decoder, ModelConfig, save_pretrained
 from entr_jax.tokenizer import Tokenizer
-from experiments import multiprocess as mp
-from experiments.config import TaskSpec
-from experiments.tasks import build_task
+from experiments.run import multiprocess as mp
+from experiments.run.config import TaskSpec
+from experiments.run.tasks import build_task
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DRIVER = REPO / "tests" / "mp_driver.py"
@@ -105,7 +105,7 @@ def test_launch_arguments_of_the_slow_tests_parse(tmp_path):
     """The slow tests here (not in CI) launch `entr-run` with these flags; the config must
     accept them, so a validation added later fails here, in the default suite, instead of
     leaving a slow test to fail unnoticed (as the async one did after 59c3afc)."""
-    from experiments.run import parse
+    from experiments.run.cli import parse
 
     sim, _ = parse(cli_args(tmp_path / "model", tmp_path / "sim"))
     assert (sim.staleness.mode, sim.staleness.inter_lag) == ("simulated", 1)
@@ -192,7 +192,7 @@ def uninterrupted(root, killed):
 
 def one_process_batches(num_batches: int) -> list[list[str]]:
     """Example ids of the first batches of a one-process run with the same seed (the
-    job's prompt stream: `experiments.job.Job.setup`)."""
+    job's prompt stream: `experiments.run.build.build`)."""
     task = build_task(TaskSpec(**TASK))
     data = PromptBatchIterator(task.train, PromptDataConfig(batch_size=TASK["prompts_per_step"],
                                                             seed=0))
@@ -370,7 +370,7 @@ def test_one_process_helpers_are_identities():
 
 
 def test_sampling_seed_offsets_give_other_streams_and_offset_zero_the_one_process_seed():
-    from experiments.rollouts import sampling_seed
+    from experiments.run.rollouts import sampling_seed
 
     one_process = int(np.random.default_rng([7, 11, 0, 5]).integers(0, 2**31 - 1))
     assert sampling_seed(7, 5) == sampling_seed(7, 5, 0, 0) == one_process
@@ -380,7 +380,7 @@ def test_sampling_seed_offsets_give_other_streams_and_offset_zero_the_one_proces
 
 def test_union_of_trajectory_stats_gives_the_whole_batch_metrics():
     from entr_jax.types import Trajectory
-    from experiments import rollouts as ro
+    from experiments.run import rollouts as ro
 
     def traj(reward, n, version, group, truncated=False):
         return Trajectory(prompt_ids=np.array([1], np.int32),

@@ -529,10 +529,18 @@ def test_invalid_hyperparameters_name_the_field(name, overrides, field):
         obj.make_objective(name, **overrides)
 
 
-def test_configs_are_frozen():
+def test_configs_and_objectives_are_frozen():
+    import dataclasses
+
     cfg = obj.EntrConfig()
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.tau = 2.0  # type: ignore[misc]
+    objective = obj.make_objective("estr")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        objective.inputs = frozenset()  # type: ignore[misc]
+    assert (objective.name, objective.config, objective.inputs) == (
+        "estr", obj.EntrConfig(), frozenset({"entropy_mu"}))
+    assert obj.OBJECTIVES["estr"] == obj.OBJECTIVES["entr"] and obj.ALIASES == {"estr": "entr"}
 
 
 def test_shape_and_dtype_errors_name_the_argument():

@@ -1,4 +1,4 @@
-"""`experiments.phases.PhaseClock`: compile spans carved out of phases, counted once, and
+"""`experiments.run.phases.PhaseClock`: compile spans carved out of phases, counted once, and
 a split that adds up to the total."""
 
 import time
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 from jax import monitoring
 
-from experiments.phases import COMPILE_EVENTS, PhaseClock, _union_length, format_split
+from experiments.run.phases import COMPILE_EVENTS, PhaseClock, _union_length, format_split
 
 TRACE, LOWER, BACKEND = COMPILE_EVENTS
 
@@ -125,7 +125,7 @@ def test_unknown_phase_is_refused():
 
 
 def test_compile_cache_folder_choice(tmp_path):
-    from experiments.compile_cache import enable
+    from experiments.run.compile_cache import enable
 
     before = jax.config.jax_compilation_cache_dir
     assert before is None or before == ""  # conftest: ENTR_JAX_CACHE=0, nothing configured
@@ -142,8 +142,8 @@ def test_compile_cache_folder_choice(tmp_path):
 
 _CACHED_RUN = """
 import jax, jax.numpy as jnp
-from experiments.compile_cache import enable
-from experiments.phases import PhaseClock
+from experiments.run.compile_cache import enable
+from experiments.run.phases import PhaseClock
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 enable()
 clock = PhaseClock()

@@ -5,7 +5,7 @@ counts are the same on any machine."""
 
 import io
 
-from experiments import progress
+from experiments.run import progress
 
 
 class Terminal(io.StringIO):

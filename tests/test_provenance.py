@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from experiments.provenance import check_tree
+from experiments.multirun.provenance import check_tree
 
 
 def _git(repo, *args):

@@ -70,7 +70,7 @@ def test_readme_says_what_dash_m_does(tmp_path):
 
 
 def test_the_documented_compare_command_reads_any_folder_of_runs(capsys):
-    from experiments import sweep
+    from experiments.multirun import sweep
 
     assert "`python -m experiments.sweep summarize runs` compares every finished run" in \
         " ".join(README.split())

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from experiments import readme_table as rt
-from experiments.configs import QUICKSTART
+from experiments.run.configs import QUICKSTART
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

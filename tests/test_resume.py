@@ -9,11 +9,12 @@ import shutil
 
 import pytest
 
-from tests.small_job import small_argv
+from tests.small_job import crash_at, small_argv, with_job_options
 from tests.tb_events import read_events
 
-from experiments import run as cli
-from experiments.jsonl import PartialLineWarning
+from experiments.run import build
+from experiments.run import cli
+from experiments.run.jsonl import PartialLineWarning
 from learners.checkpoint import CheckpointFallbackWarning
 
 
@@ -61,7 +62,7 @@ def listing(root):
 
 def test_finished_run_resumed_with_its_config_says_so(finished, model_dir, capsys, monkeypatch,
                                                       recwarn):
-    from experiments import preflight
+    from experiments.run import preflight
 
     monkeypatch.setattr(preflight, "lag_horizon", lambda cfg: "a note on how it would run")
     before = listing(finished)
@@ -231,8 +232,6 @@ def test_both_checkpoints_damaged_is_one_line_and_loses_nothing(finished, model_
 ])
 def test_resume_without_a_checkpoint_says_it_starts_fresh(model_dir, tmp_path, capsys,
                                                           monkeypatch, written):
-    from experiments.job import Job
-
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     for name in written:
@@ -246,10 +245,10 @@ def test_resume_without_a_checkpoint_says_it_starts_fresh(model_dir, tmp_path, c
     class Stop(BaseException):
         pass
 
-    def stop(self):
+    def stop(*args):
         raise Stop  # stop right after the decision; nothing else runs
 
-    monkeypatch.setattr(Job, "prepare_task", stop)
+    monkeypatch.setattr(build, "prepare_task", stop)
     with pytest.raises(Stop):
         cli.main(args(model_dir, run_dir, "--resume"))
     err = capsys.readouterr().err
@@ -261,8 +260,6 @@ def test_a_changed_config_is_refused_even_before_the_first_checkpoint(model_dir,
     """A run stopped before its first checkpoint starts over on --resume, in its own
     directory: with its own configuration; a change to the experiment is refused (nothing
     rewritten) unless --resume-override."""
-    from experiments.job import Job
-
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     saved = cli.parse(args(model_dir, run_dir))[0].to_json()
@@ -278,10 +275,10 @@ def test_a_changed_config_is_refused_even_before_the_first_checkpoint(model_dir,
     class Stop(BaseException):
         pass
 
-    def stop(self):
+    def stop(*args):
         raise Stop  # stop right after the decision and what it records
 
-    monkeypatch.setattr(Job, "prepare_task", stop)
+    monkeypatch.setattr(build, "prepare_task", stop)
     with pytest.raises(Stop):
         cli.main(args(model_dir, run_dir, "--resume", "--resume-override", "--seed", "7"))
     assert capsys.readouterr().err == (f"entr-run: no RL checkpoint in {run_dir} yet: "
@@ -293,16 +290,7 @@ def test_ctrl_c_prints_one_line_with_what_is_saved_and_the_resume_command(model_
     """Ctrl-C (here during RL step 3, after the checkpoint of step 2) is one line on stderr,
     no traceback: what is saved and the command that resumes; exit status 130. Before
     the first checkpoint it says that nothing is saved yet."""
-    from experiments.job import Job
-
-    original = Job.token_samples
-
-    def ctrl_c_at_step_3(self, step, batch):
-        if step == 3:
-            raise KeyboardInterrupt
-        return original(self, step, batch)
-
-    monkeypatch.setattr(Job, "token_samples", ctrl_c_at_step_3)
+    with_job_options(monkeypatch, hooks=[crash_at(3)])
     run_dir = tmp_path / "run"
     argv = args(model_dir, run_dir)
     code, _, err = call(argv, capsys)
@@ -311,10 +299,10 @@ def test_ctrl_c_prints_one_line_with_what_is_saved_and_the_resume_command(model_
     assert err.splitlines()[-1] == (f"entr-run: interrupted; saved up to RL step 2 "
                                     f"({run_dir}/checkpoints/2); resume with: {command}")
 
-    def ctrl_c(self):
+    def ctrl_c(*args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(Job, "prepare_task", ctrl_c)
+    monkeypatch.setattr(build, "prepare_task", ctrl_c)
     other = tmp_path / "other"
     code, _, err = call(args(model_dir, other), capsys)
     assert (code, err.splitlines()[-1]) == (130, (  # --resume would be refused: nothing there
@@ -380,7 +368,7 @@ def test_a_finished_run_without_rl_steps_is_not_overwritten(tmp_path, model_dir,
 def test_the_fleets_timeouts_and_key_reference_may_change_on_resume():
     """Neither how long the fleet waits nor where its key is read from changes what a run
     computes (same weights, same requests): a resume may change them; the sampler kind not."""
-    from experiments.resume import Change
+    from experiments.run.resume import Change
 
     assert Change("sampler.fleet.outage_wait_s", 900.0, 1800.0).neutral
     assert Change("sampler.api_key", "env:A", "file:/k").neutral

@@ -4,8 +4,8 @@ checks apply), and without a preset a run directory with no config.json is refus
 
 import pytest
 
-from experiments import run as cli
-from experiments.errors import ConfigError
+from experiments.run import cli
+from experiments.run.errors import ConfigError
 
 
 @pytest.fixture

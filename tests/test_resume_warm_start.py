@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from experiments import run as cli
-from experiments.evaluation import Evaluator
+from experiments.run import cli
+from experiments.run.evaluation import Evaluator
 from learners.checkpoint import CheckpointFallbackWarning
 from learners.learner import Learner
-from tests.small_job import small_argv
+from tests.small_job import crash_at, small_argv, with_job_options
 
 
 def args(model_dir, run_dir, *extra):
@@ -119,14 +119,9 @@ def test_a_kill_during_sft_resumes_bit_for_bit_reusing_the_initial_evaluation(
 
 def test_a_kill_after_the_warm_start_reuses_it_and_both_evaluations(
         small_model_dir, tmp_path, capsys, monkeypatch, uninterrupted):
-    from experiments.job import Job
-
-    def ctrl_c(self, *a, **k):
-        raise Killed
-
     run_dir = tmp_path / "run"
     argv = args(small_model_dir, run_dir)
-    monkeypatch.setattr(Job, "source", ctrl_c)  # after the evaluation before RL
+    with_job_options(monkeypatch, hooks=[crash_at(0, Killed)])  # after the evaluation before RL
     assert cli.main(argv) == 130
     monkeypatch.undo()
     calls = []

@@ -13,9 +13,10 @@ import pytest
 from tests.tb_events import read_events
 
 from entr_jax.staleness import ParamRing
-from experiments import jsonl, resume, state_io, sweep
-from experiments.errors import ResumeRefused, describe
-from experiments.rundir import RunDir
+from experiments.run import jsonl, resume, state_io
+from experiments.multirun import sweep
+from experiments.run.errors import ResumeRefused, describe
+from experiments.run.rundir import RunDir
 
 
 def _enospc(*args, **kwargs):
@@ -77,7 +78,7 @@ def test_truncate_on_resume_drops_later_steps_and_the_partial_line(tmp_path):
 def test_write_json_on_a_full_disk_leaves_nothing(tmp_path, monkeypatch):
     run = RunDir(tmp_path)
     run.write_json("summary.json", {"a": 1})
-    monkeypatch.setattr("experiments.rundir.os.fsync", _enospc)
+    monkeypatch.setattr("experiments.run.rundir.os.fsync", _enospc)
     with pytest.raises(OSError) as exc:
         run.write_json("summary.json", {"a": 2})
     assert exc.value.filename == str(tmp_path / "summary.json")
@@ -256,8 +257,8 @@ def test_a_saved_config_that_predates_a_field_reads_as_its_default(tmp_path):
     """A run written before a field existed (its config.json lacks it) ran with the field's
     default: resuming it with the default is no change, with another value the change is
     named from the default (this refused every run stored before sampler.num_devices)."""
-    from experiments.config import with_field_defaults
-    from experiments.configs import PRESETS
+    from experiments.run.config import with_field_defaults
+    from experiments.run.configs import PRESETS
 
     preset = json.loads(PRESETS["quickstart"][1].to_json())
     saved = json.loads(json.dumps(preset))
@@ -325,7 +326,7 @@ def test_fixed_staleness_fields_go_only_to_runs_whose_mode_reads_them(tmp_path):
 
 
 def test_boolean_overrides_become_tyro_flags(tmp_path):
-    from experiments import run as cli
+    from experiments.run import cli
 
     spec = {"preset": "quickstart", "seeds": [0], "fixed": {},
             "grid": [{"sft.save_model": [False, True], "advantages.batch_normalize": [True]}]}

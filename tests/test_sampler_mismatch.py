@@ -115,7 +115,7 @@ def test_perturb_logits_moments_and_off_switch():
 def test_bad_noise_std_is_refused_naming_the_field():
     with pytest.raises(ValueError, match="JaxSamplerConfig.logit_noise_std"):
         JaxSamplerConfig(logit_noise_std=-0.1)
-    from experiments.config import SamplerSpec
+    from experiments.run.config import SamplerSpec
 
     with pytest.raises(ValueError, match="sampler.logit_noise_std"):
         SamplerSpec(logit_noise_std=-1.0)

@@ -50,7 +50,7 @@ def test_the_key_is_read_from_the_variable_or_the_files_first_line(tmp_path, mon
 
 
 def test_the_run_config_stores_the_reference_and_the_fleet_config_hides_the_key():
-    from experiments.configs import GSM8K_TOOLS_GPU
+    from experiments.run.configs import GSM8K_TOOLS_GPU
 
     cfg = dataclasses.replace(GSM8K_TOOLS_GPU, sampler=dataclasses.replace(
         GSM8K_TOOLS_GPU.sampler, api_key="env:SGLANG_API_KEY"))

@@ -109,7 +109,7 @@ def test_unreachable_router_is_named(servers):
 
 
 def test_run_config_router_url():
-    from experiments.config import SamplerSpec
+    from experiments.run.config import SamplerSpec
 
     spec = SamplerSpec(kind="sglang", server_urls=("http://127.0.0.1:1",),
                        router_url="http://127.0.0.1:2")

@@ -1,4 +1,4 @@
-"""One initial evaluation shared by the runs of a sweep (`experiments.shared_eval`): a run
+"""One initial evaluation shared by the runs of a sweep (`experiments.run.shared_eval`): a run
 that reads it writes exactly what a run that computes it writes, and the key separates
 every change the evaluation reads."""
 
@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 from entr_jax.staleness import StalenessConfig
-from experiments import shared_eval
-from experiments.config import OptimizerConfig
+from experiments.run import shared_eval
+from experiments.run.config import OptimizerConfig
 from tests.small_job import run, small_config
 
 TIMES = ("wall_clock_s", "elapsed_s", "rl_wall_s")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from experiments.speedup_model import model_table, simulate_async
+from experiments.multirun.speedup_model import model_table, simulate_async
 
 
 def test_pipeline_with_a_loose_bound():

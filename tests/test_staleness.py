@@ -172,14 +172,12 @@ def _episodes(sampler, examples, params, num_samples, group_ids):
 
 
 def _drive(cfg, lengths, steps=12):
-    """The loop's simulated mode (`experiments.sources.SimulatedSource`) on the stand-in
+    """The loop's simulated mode (`experiments.run.sources.SimulatedSource`) on the stand-in
     sampler; yields (step, batch, metrics, switch steps) per learner step."""
     from entr_jax.interfaces import SamplingParams
-    from experiments import rollouts as ro
-    from experiments.sources import SimulatedSource
+    from experiments.run import rollouts as ro
+    from experiments.run.sources import SimulatedSource, intra_versions
 
-    ring = st.ParamRing(cfg.ring_size)
-    ring.push(0, "w0")
     examples = [{"prompt": [1, 2]}, {"prompt": [3]}]
     plans = {}
 
@@ -187,11 +185,14 @@ def _drive(cfg, lengths, steps=12):
         return _episodes(sampler, examples, SamplingParams(), len(lengths) // 2,
                          [batch_id * len(examples) + p for p in range(len(examples))])
 
-    def on_batch(batch, ring, versions, switch_steps):
-        plans[batch.batch_id] = switch_steps
+    class Recording(SimulatedSource):  # the switch steps each batch was planned with
+        def generate(self, batch_id):
+            plans[batch_id] = intra_versions(self.cfg, batch_id, self.ring)[1]
+            return super().generate(batch_id)
 
-    source = SimulatedSource(cfg, steps, _ScheduleSampler(lengths), episodes, st.DelayLine(cfg),
-                             ring, on_batch=on_batch)
+    source = Recording(cfg, steps, _ScheduleSampler(lengths), episodes)
+    source.publish("w0", 0)
+    source.start()
     for n in range(steps):
         batch, _ = source.next_batch()
         yield n, batch, ro.rollout_metrics(batch, n), plans.pop(n)

@@ -1,4 +1,4 @@
-"""Pre-registered studies (`experiments.study`, `experiments.analysis.study_report`): the
+"""Pre-registered studies (`experiments.multirun.study`, `experiments.analysis.study_report`): the
 stages' runs, the choice on tuning seeds, the paired report and its detectable difference."""
 
 import json
@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from experiments import study as st
-from experiments import study_archive
+from experiments.multirun import study as st
+from experiments.multirun import study_archive
 from experiments.analysis import study_report as sr
 
 SPEC = """
@@ -285,7 +285,7 @@ def test_stage_times_sum_the_run_walls_and_span_the_calendar(tmp_path):
 
 
 def test_mask_fraction_is_the_mean_over_steps_and_survives_a_cut_last_line(tmp_path):
-    from experiments.jsonl import PartialLineWarning
+    from experiments.run.jsonl import PartialLineWarning
 
     (tmp_path / "metrics.jsonl").write_text(
         '{"step": 0, "mask/fraction": 0.25}\n{"step": 1}\n{"step": 2, "mask/fraction": 0.5}\n'
@@ -349,9 +349,9 @@ STUDIES = sorted((st.pathlib.Path(__file__).resolve().parents[1] / "experiments"
 def test_every_shipped_study_is_runnable_and_its_warm_starts_are_the_frozen_ones(path, tmp_path):
     """A shipped study loads, every method of each stage parses with the job's own CLI, the
     comparison protocol holds, and each warm start's weights hash to the recorded sha256."""
-    from experiments import comparison
-    from experiments.preflight import weights_sha256
-    from experiments.run import parse
+    from experiments.multirun import comparison
+    from experiments.run.preflight import weights_sha256
+    from experiments.run.cli import parse
 
     study = st.load_study(path)
     root = path.parents[2]

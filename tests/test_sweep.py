@@ -6,7 +6,7 @@ import shlex
 
 import pytest
 
-from experiments import sweep
+from experiments.multirun import sweep
 
 SPEC = """
 preset = "cpu_staleness"
@@ -55,7 +55,7 @@ def test_emit_writes_one_runnable_command_per_run(spec, tmp_path):
 
 
 def test_shared_evaluation_reaches_the_config_and_can_be_turned_off(tmp_path):
-    from experiments.run import parse
+    from experiments.run.cli import parse
 
     spec = sweep.load_spec(ROOT / "experiments/sweeps/stress_methods.toml")
     runs = sweep.expand(spec, tmp_path / "out")
@@ -165,7 +165,7 @@ def test_every_shipped_spec_emits_commands_the_cli_accepts(path, tmp_path):
     """Each kind of run of a shipped spec (per method and set of fields) parses with the
     job's own CLI, which refuses e.g. a lag field on a sync run; no two runs share
     their overrides (a sync baseline in a lag grid runs once per remaining setting)."""
-    from experiments.run import parse
+    from experiments.run.cli import parse
 
     spec = sweep.load_spec(path)
     runs = sweep.expand(spec, tmp_path)

@@ -8,7 +8,7 @@ import pytest
 
 from experiments.analysis import load_runs
 from experiments.analysis.tolerance import format_report, main, map_report
-from experiments.sweep_spec import check_spec, expand
+from experiments.multirun.sweep_spec import check_spec, expand
 
 METHODS = {"grpo_sync": {"objective": "grpo", "own": {"kl_coef": 0.0},
                          "overrides": {"staleness.mode": "sync"}},

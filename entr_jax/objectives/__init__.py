@@ -34,6 +34,7 @@ value when that is the whole batch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
@@ -61,11 +62,22 @@ from entr_jax.objectives.sequence import (
     VESPO_ZERO_WEIGHT, GspoConfig, TrmConfig, VespoConfig, gspo, trm, trm_batch_stats, vespo, vespo_kernel,
 )
 
-Objective = Callable[[jax.Array, Any], tuple[jax.Array, dict[str, jax.Array]]]
+ALIASES: dict[str, str] = {"estr": "entr"}
+"""Other names of a registry method (ESTR is the paper's published name of ENTR): the
+same function, config class and batch statistics; declared here only."""
 
-OBJECTIVES: dict[str, tuple[Callable, type[ObjectiveConfig]]] = {
+
+def _with_aliases(table: dict[str, Any]) -> dict[str, Any]:
+    """``table`` with each alias of `ALIASES` right after the name it stands for."""
+    out = {}
+    for name, entry in table.items():
+        out[name] = entry
+        out.update({alias: entry for alias, target in ALIASES.items() if target == name})
+    return out
+
+
+OBJECTIVES: dict[str, tuple[Callable, type[ObjectiveConfig]]] = _with_aliases({
     "entr": (entr, EntrConfig),
-    "estr": (entr, EntrConfig),  # the paper's published name
     "grpo": (grpo, GrpoConfig),
     "decoupled_ppo": (decoupled_ppo, DecoupledPpoConfig),
     "tis": (tis, TisConfig),
@@ -77,21 +89,20 @@ OBJECTIVES: dict[str, tuple[Callable, type[ObjectiveConfig]]] = {
     "trm": (trm, TrmConfig),
     "vespo": (vespo, VespoConfig),
     "sat": (sat, SatConfig),
-}
+})
 
 
 BatchStats = Callable[[jax.Array, Any, ObjectiveConfig], dict[str, jax.Array]]
 
-BATCH_STATS: dict[str, BatchStats] = {
+BATCH_STATS: dict[str, BatchStats] = _with_aliases({
     "entr": entr_batch_stats,
-    "estr": entr_batch_stats,
     "decoupled_ppo": decoupled_ppo_batch_stats,
     "icepop": icepop_batch_stats,
     "kpop": kpop_batch_stats,
     "m2po": m2po_batch_stats,
     "trm": trm_batch_stats,
     "sat": sat_batch_stats,
-}
+})
 """Statistics of the current policy over the whole optimizer batch, for the objectives whose
 config says ``uses_batch_stats()``: ``fn(logp_pi, batch, cfg) -> dict`` of ``[] f32``
 scalars or ``[B, ...]`` per-row arrays (see the module docstring)."""
@@ -114,16 +125,39 @@ def make_config(name: str, **overrides: Any) -> ObjectiveConfig:
     return cls(**overrides)
 
 
-def make_objective(name: str, config: ObjectiveConfig | None = None, **overrides: Any) -> Objective:
-    """Returns ``objective(logp_pi, batch) -> (loss, metrics)`` for method ``name``, with
-    ``config`` (a built config of the method's class, e.g. a run's
-    ``objective.<name>`` section) or the defaults with ``overrides`` (`make_config`).
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    """A configured objective: ``objective(logp_pi, batch) -> (loss, metrics)``, pure and
+    jit-compatible (the config is static).
 
-    The returned callable is pure and jit-compatible; the config is closed over (static)
-    and exposed as ``objective.config``, the method name as ``objective.name``, the
-    optional batch fields it reads as ``objective.inputs`` (``config.inputs()``), and
-    ``objective.batch_stats(logp_pi, batch) -> dict`` (its `BATCH_STATS` entry bound to
-    the config) when ``config.uses_batch_stats()``, else None.
+    Attributes:
+      name: the registry name (`OBJECTIVES`).
+      config: the method's validated config (its class in `OBJECTIVES`).
+      fn: the loss ``fn(logp_pi, batch, config)``.
+      inputs: the optional batch fields it reads (``config.inputs()``: ``logp_prox``,
+        ``logp_ref``, ``entropy_mu``...).
+      batch_stats: ``batch_stats(logp_pi, batch) -> dict`` over the whole optimizer batch
+        (its `BATCH_STATS` entry bound to the config) when ``config.uses_batch_stats()``,
+        else None.
+      metric_pooling: how its extra metric keys pool over microbatches and processes
+        (``{key: rule}``, `entr_jax.objectives.pooling`); None: the defaults.
+    """
+
+    name: str
+    config: Any
+    fn: Callable[[jax.Array, Any, Any], tuple[jax.Array, dict[str, jax.Array]]]
+    inputs: frozenset[str] = frozenset()
+    batch_stats: Callable[[jax.Array, Any], dict[str, jax.Array]] | None = None
+    metric_pooling: dict[str, str] | None = None
+
+    def __call__(self, logp_pi: jax.Array, batch: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
+        return self.fn(logp_pi, batch, self.config)
+
+
+def make_objective(name: str, config: ObjectiveConfig | None = None, **overrides: Any) -> Objective:
+    """The `Objective` of method ``name``, with ``config`` (a built config of the
+    method's class, e.g. a run's ``objective.<name>`` section) or the defaults with
+    ``overrides`` (`make_config`).
 
     Raises:
       ValueError: see `make_config`; ``config`` together with overrides; ``config`` not of
@@ -139,25 +173,19 @@ def make_objective(name: str, config: ObjectiveConfig | None = None, **overrides
                          f"got {type(config).__name__}")
     else:
         cfg = config
-    fn = OBJECTIVES[name][0]
+    stats = (functools.partial(_bound_stats, BATCH_STATS[name], cfg)
+             if cfg.uses_batch_stats() else None)
+    return Objective(name=name, config=cfg, fn=OBJECTIVES[name][0], inputs=cfg.inputs(),
+                     batch_stats=stats)
 
-    def objective(logp_pi: jax.Array, batch: Any):
-        return fn(logp_pi, batch, cfg)
 
-    objective.config = cfg
-    objective.name = name
-    objective.inputs = cfg.inputs()
-    objective.batch_stats = None
-    if cfg.uses_batch_stats():
-        stats_fn = BATCH_STATS[name]
-        objective.batch_stats = lambda logp_pi, batch: stats_fn(logp_pi, batch, cfg)
-    objective.__name__ = f"{name}_objective"
-    objective.__doc__ = fn.__doc__
-    return objective
+def _bound_stats(stats_fn: BatchStats, cfg: ObjectiveConfig, logp_pi: jax.Array,
+                 batch: Any) -> dict[str, jax.Array]:
+    return stats_fn(logp_pi, batch, cfg)
 
 
 __all__ = [
-    "AGGREGATIONS", "BATCH_STATS", "METRIC_POOLING", "OBJECTIVES", "Objective", "VESPO_ZERO_WEIGHT", "ObjectiveConfig", "aggregate", "make_config", "make_objective",
+    "AGGREGATIONS", "ALIASES", "BATCH_STATS", "METRIC_POOLING", "OBJECTIVES", "Objective", "VESPO_ZERO_WEIGHT", "ObjectiveConfig", "aggregate", "make_config", "make_objective",
     "entr", "EntrConfig", "grpo", "GrpoConfig", "decoupled_ppo", "DecoupledPpoConfig", "tis", "TisConfig",
     "icepop", "IcePopConfig", "kpop", "KPopConfig", "gspo", "GspoConfig", "cispo", "CispoConfig",
     "m2po", "M2poConfig", "trm", "TrmConfig", "vespo", "VespoConfig", "sat", "SatConfig",

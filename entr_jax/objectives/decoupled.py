@@ -37,7 +37,8 @@ class DecoupledPpoConfig(ObjectiveConfig):
     """Decoupled PPO hyperparameters.
 
     Attributes:
-      clip_low, clip_high: clip band on ``pi/prox``; default 0.2/0.2.
+      clip_low: clip band on ``pi/prox``; default 0.2/0.2.
+      clip_high: clip band on ``pi/prox``; default 0.2/0.2.
       weight_cap: cap on ``prox/mu`` (> 0) or None (no cap).
       weight_cap_mode: ``mask`` (drop tokens above the cap) | ``truncate``.
       aggregation: default ``token_mean``.
@@ -104,7 +105,8 @@ class TisConfig(ObjectiveConfig):
     Attributes:
       cap: truncation ``C`` of the weight (> 0); default 2.0.
       level: ``token`` | ``sequence``.
-      clip_low, clip_high: clip band on ``pi/prox``; default 0.2/0.2.
+      clip_low: clip band on ``pi/prox``; default 0.2/0.2.
+      clip_high: clip band on ``pi/prox``; default 0.2/0.2.
       ratio_mode: ``decoupled`` (reads ``batch.logp_prox``), the only accepted value: the
         field exists so that a comparison base's ``ratio_mode`` reaches TIS and is refused
         rather than silently applied. ``bypass`` (``prox := mu``) would make the weight

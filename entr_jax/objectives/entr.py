@@ -52,7 +52,8 @@ class EntrConfig(ObjectiveConfig):
     Attributes:
       tau: keep threshold on S (> 0). UNKNOWN in the paper; default 1.0.
       eps: entropy floor in nats (>= 0). Paper: 0.01.
-      clip_low, clip_high: PPO clip band ``[1 - clip_low, 1 + clip_high]`` on pi/mu.
+      clip_low: PPO clip band ``[1 - clip_low, 1 + clip_high]`` on pi/mu.
+      clip_high: PPO clip band ``[1 - clip_low, 1 + clip_high]`` on pi/mu.
       entropy_source: ``behavior_full`` | ``behavior_topk`` | ``current_full``.
       denominator: ``all_tokens`` (as transcribed) | ``kept_tokens``; ``kept_tokens``
         needs ``aggregation`` in {token_mean, token_mean_kept} and turns it into

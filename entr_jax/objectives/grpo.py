@@ -11,7 +11,7 @@ the ESTR experiments). ``clip_low != clip_high`` is DAPO's clip-higher (arXiv 25
 eq. 10: 0.2/0.28). Defaults: symmetric 0.2 (paper), ``aggregation="seq_mean_token_mean"``
 (paper; DAPO: ``token_mean``; Dr.GRPO: ``seq_mean_token_sum_norm``), ``kl_coef = 0``
 (the paper uses 0.04; with ``kl_coef > 0`` the learner computes ``logp_ref`` under the
-frozen reference policy, by default the policy RL starts from, `experiments.reference`).
+frozen reference policy, by default the policy RL starts from, `experiments.run.reference`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ class GrpoConfig(ObjectiveConfig):
     """GRPO hyperparameters.
 
     Attributes:
-      clip_low, clip_high: clip band ``[1 - clip_low, 1 + clip_high]``; default 0.2/0.2.
+      clip_low: clip band ``[1 - clip_low, 1 + clip_high]``; default 0.2/0.2.
+      clip_high: clip band ``[1 - clip_low, 1 + clip_high]``; default 0.2/0.2.
       kl_coef: weight of the k3 KL to ``batch.logp_ref`` (>= 0; 0 disables it).
       aggregation: default ``seq_mean_token_mean``.
     """

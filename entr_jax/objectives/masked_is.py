@@ -63,6 +63,14 @@ def _kept_stats(logp_pi, batch, gate_fn, cfg, cls_name: str) -> dict[str, jax.Ar
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _MaskedIsConfig(ObjectiveConfig):
+    """The masked importance-sampling objectives' common field.
+
+    Attributes:
+      ratio_mode: ``bypass`` (the gate and the surrogate use ``pi/mu``) or ``decoupled``
+        (the surrogate uses ``pi/prox`` weighted by ``prox/mu``; reads ``logp_prox``); see
+        the module docstring.
+    """
+
     ratio_mode: Literal["bypass", "decoupled"] = "bypass"
 
     def __post_init__(self):
@@ -79,9 +87,18 @@ class _MaskedIsConfig(ObjectiveConfig):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class IcePopConfig(_MaskedIsConfig):
-    """IcePop hyperparameters: band ``[alpha, beta]`` (0 <= alpha < beta; ``alpha = 0``,
-    ``beta = inf`` switch the gate off), clip band, ``ratio_mode`` (``bypass`` |
-    ``decoupled``, see the module docstring)."""
+    """IcePop hyperparameters (module docstring).
+
+    Attributes:
+      ratio_mode: ``bypass`` (the gate and the surrogate use ``pi/mu``) or ``decoupled``
+        (the surrogate uses ``pi/prox`` weighted by ``prox/mu``; reads ``logp_prox``); see
+        the module docstring.
+      alpha: lower end of the kept band of ``k = train/mu`` (0 <= alpha < beta; ``alpha = 0``
+        with ``beta = inf`` switches the gate off).
+      beta: upper end of the kept band of ``k = train/mu`` (> alpha).
+      clip_low: PPO clip band ``[1 - clip_low, 1 + clip_high]`` on the ratio (>= 0).
+      clip_high: PPO clip band ``[1 - clip_low, 1 + clip_high]`` on the ratio (>= 0).
+    """
 
     aggregation: Aggregation = "seq_mean_token_mean"
     alpha: float = 0.5
@@ -117,8 +134,17 @@ def icepop_batch_stats(logp_pi: jax.Array, batch: Any, cfg: IcePopConfig) -> dic
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class KPopConfig(_MaskedIsConfig):
-    """KPop hyperparameters: KL threshold ``phi`` (> 0), clip band, ``ratio_mode``
-    (``bypass`` | ``decoupled``, see the module docstring)."""
+    """KPop hyperparameters (module docstring).
+
+    Attributes:
+      ratio_mode: ``bypass`` (the gate and the surrogate use ``pi/mu``) or ``decoupled``
+        (the surrogate uses ``pi/prox`` weighted by ``prox/mu``; reads ``logp_prox``); see
+        the module docstring.
+      phi: a token is kept when its symmetric Bernoulli KL between ``train(o_t)`` and
+        ``mu(o_t)`` is at most this (> 0).
+      clip_low: PPO clip band ``[1 - clip_low, 1 + clip_high]`` on the ratio (>= 0).
+      clip_high: PPO clip band ``[1 - clip_low, 1 + clip_high]`` on the ratio (>= 0).
+    """
 
     aggregation: Aggregation = "token_mean"
     phi: float = 2.0

@@ -30,7 +30,12 @@ from entr_jax.objectives.gates import m2po_mask
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CispoConfig(ObjectiveConfig):
-    """CISPO weight bounds: ``clip_low`` in [0, 1) or None (no lower bound), ``clip_high >= 0``."""
+    """CISPO weight bounds on the stop-gradient ratio ``r = pi/mu``.
+
+    Attributes:
+      clip_low: the weight is at least ``1 - clip_low`` (in [0, 1)); None: no lower bound.
+      clip_high: the weight is at most ``1 + clip_high`` (>= 0).
+    """
 
     aggregation: Aggregation = "token_mean"
     clip_low: float | None = None
@@ -67,7 +72,12 @@ def cispo(logp_pi: jax.Array, batch: Any, cfg: CispoConfig) -> tuple[jax.Array, 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class M2poConfig(ObjectiveConfig):
-    """M2PO second-moment bound ``tau`` (> 0)."""
+    """M2PO hyperparameters.
+
+    Attributes:
+      tau: second-moment bound: the tokens of largest ``(log r)**2`` are masked until the
+        mean of the rest is at most this (> 0).
+    """
 
     aggregation: Aggregation = "token_mean"
     tau: float = 0.04

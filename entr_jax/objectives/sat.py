@@ -30,8 +30,15 @@ from entr_jax.objectives.gates import sat_clip_factors, sat_quantile
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SatConfig(ObjectiveConfig):
-    """SAT hyperparameters: quantile level ``alpha`` in (0, 1), Hill ``exponent`` (> 0),
-    ``kernel`` (shifted | standard), clip band."""
+    """SAT hyperparameters (module docstring).
+
+    Attributes:
+      alpha: quantile level of ``|log(pi/mu)|`` over the batch's loss tokens, in (0, 1).
+      exponent: the Hill kernel's exponent (> 0).
+      kernel: ``shifted`` or ``standard`` Hill kernel.
+      clip_low: PPO clip band ``[1 - clip_low, 1 + clip_high]`` on the ratio (>= 0).
+      clip_high: PPO clip band ``[1 - clip_low, 1 + clip_high]`` on the ratio (>= 0).
+    """
 
     aggregation: Aggregation = "token_mean"
     alpha: float = 0.9

@@ -41,7 +41,13 @@ def _seq_sum(x: jax.Array, mask: jax.Array) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GspoConfig(ObjectiveConfig):
-    """GSPO hyperparameters: sequence-ratio clip band (paper: 3e-4 / 4e-4)."""
+    """GSPO hyperparameters.
+
+    Attributes:
+      clip_low: clip band ``[1 - clip_low, 1 + clip_high]`` of the length-normalised
+        sequence ratio (paper: 3e-4).
+      clip_high: upper side of that band (paper: 4e-4).
+    """
 
     aggregation: Aggregation = "seq_mean_token_mean"
     clip_low: float = 3e-4
@@ -71,7 +77,14 @@ def gspo(logp_pi: jax.Array, batch: Any, cfg: GspoConfig) -> tuple[jax.Array, c.
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class VespoConfig(ObjectiveConfig):
-    """VESPO kernel exponents for positive and negative advantages (all >= 0)."""
+    """VESPO kernel exponents, ``phi(W) = W**c1 exp(c2 (1 - W))`` (all >= 0).
+
+    Attributes:
+      c1_pos: ``c1`` for sequences with advantage ``A >= 0``.
+      c2_pos: ``c2`` for sequences with advantage ``A >= 0``.
+      c1_neg: ``c1`` for sequences with advantage ``A < 0``.
+      c2_neg: ``c2`` for sequences with advantage ``A < 0``.
+    """
 
     aggregation: Aggregation = "token_mean"
     c1_pos: float = 2.0
@@ -131,7 +144,15 @@ def _seq_counts(prefix: str, flags_B: jax.Array, rows_B: jax.Array) -> c.Metrics
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrmConfig(ObjectiveConfig):
-    """TRM hyperparameters: ``criterion`` (max k2 | mean k3), ``threshold`` (> 0), clip."""
+    """TRM hyperparameters (module docstring).
+
+    Attributes:
+      criterion: ``max`` (the largest per-token k2 of a sequence) or ``mean`` (the mean
+        per-token k3) is compared with ``threshold``.
+      threshold: a sequence is kept when its criterion is at most this (> 0).
+      clip_low: PPO clip band ``[1 - clip_low, 1 + clip_high]`` on the ratio (>= 0).
+      clip_high: PPO clip band ``[1 - clip_low, 1 + clip_high]`` on the ratio (>= 0).
+    """
 
     aggregation: Aggregation = "token_mean"
     criterion: Literal["max", "mean"] = "max"

@@ -2,7 +2,7 @@
 two premises tested on it (docs/decomposition.md).
 
 Per loss token of a run's ``token_samples/step_<n>.npz`` (written with ``logp_version``,
-the learner's log-prob at the token's own version; `experiments.decomposition`):
+the learner's log-prob at the token's own version; `experiments.run.decomposition`):
 
 * ``delta = logp_pi - logp_mu`` (float32, as the learner computes it), split exactly into
   ``delta_mis = logp_version - logp_mu`` (train-inference mismatch) and

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from experiments.analysis import gate_curves as gc
 from experiments.analysis.decomposed import ENTROPY_EDGES, LOW_H
 from experiments.analysis.runs import Run
-from experiments.fields import flatten
+from experiments.run.fields import flatten
 
 
 def group_runs(runs: Sequence[Run], keys: Sequence[str]) -> dict[str, list[Run]]:

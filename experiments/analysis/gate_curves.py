@@ -36,6 +36,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from entr_jax.objectives.common import LOG_RATIO_CLIP
+
 GATES = ("entr", "icepop", "kpop", "trm", "m2po", "tis")
 # each gate's published / project default threshold, in its score's units
 DEFAULTS = {"entr": 1.0, "icepop": 1.0, "kpop": 2.0, "trm": 0.05, "m2po": 0.04, "tis": 2.0}
@@ -50,7 +52,7 @@ def score_entr(delta: np.ndarray, entropy_mu: np.ndarray, eps: float = 0.01) -> 
     """``delta^2 / (max(H, 0) + eps)`` in float64 from float32 inputs (`gates.entr_mask`
     keeps iff ``delta^2 <= tau (max(H,0) + eps)`` in float32; the two agree except within
     float32 rounding of the boundary)."""
-    d = np.clip(np.asarray(delta, np.float32), -20.0, 20.0).astype(np.float64)
+    d = np.clip(np.asarray(delta, np.float32), -LOG_RATIO_CLIP, LOG_RATIO_CLIP).astype(np.float64)
     h = np.maximum(np.asarray(entropy_mu, np.float32), 0.0).astype(np.float64)
     return d * d / np.maximum(h + eps, 1e-30)
 
@@ -79,7 +81,7 @@ def score_kpop(logp_pi: np.ndarray, logp_mu: np.ndarray) -> np.ndarray:
 
 def score_trm(delta_BT: np.ndarray, loss_mask_BT: np.ndarray) -> np.ndarray:
     """``[B, T]``: each row's ``max_t delta^2 / 2`` over its loss tokens, on every token."""
-    d = np.clip(np.asarray(delta_BT, np.float32), -20, 20).astype(np.float64)
+    d = np.clip(np.asarray(delta_BT, np.float32), -LOG_RATIO_CLIP, LOG_RATIO_CLIP).astype(np.float64)
     row = np.max(np.where(loss_mask_BT, 0.5 * d * d, 0.0), axis=1)
     return np.broadcast_to(row[:, None], d.shape).copy()
 
@@ -88,7 +90,7 @@ def score_m2po(delta: np.ndarray) -> np.ndarray:
     """``[N]`` (the loss tokens of one optimizer batch): the smallest M2PO bound ``tau`` that
     keeps each token (`gates.m2po_mask`: reject the smallest prefix of the descending
     ``delta^2`` whose removal brings the mean of the rest to ``<= tau``)."""
-    d = np.clip(np.asarray(delta, np.float32), -20, 20).astype(np.float64)
+    d = np.clip(np.asarray(delta, np.float32), -LOG_RATIO_CLIP, LOG_RATIO_CLIP).astype(np.float64)
     sq = d * d
     order = np.argsort(-sq, kind="stable")
     s = sq[order]
@@ -101,7 +103,7 @@ def score_m2po(delta: np.ndarray) -> np.ndarray:
 
 def score_tis(delta: np.ndarray) -> np.ndarray:
     """The truncated-IS weight before truncation, ``exp(delta_prox)``."""
-    return np.exp(np.clip(np.asarray(delta, np.float64), -20, 20))
+    return np.exp(np.clip(np.asarray(delta, np.float64), -LOG_RATIO_CLIP, LOG_RATIO_CLIP))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -66,8 +66,8 @@ import numpy as np
 from entr_jax import staleness
 from experiments.analysis.runs import Run, final_reward, measured_staleness, print_table
 from experiments.analysis.stats import excludes_zero, mean_ci
-from experiments.config import with_field_defaults
-from experiments.fields import LABEL_FIELDS, flatten
+from experiments.run.config import with_field_defaults
+from experiments.run.fields import LABEL_FIELDS, flatten
 
 VALUES = ("eval_after", "final_reward", "eval_gain")
 
@@ -84,7 +84,7 @@ def setting(run: Run) -> tuple[tuple[str, Any], ...]:
     """A run's setting: the sorted ``(dotted field, value)`` pairs of its resolved config
     without the fields of the comparison and the bookkeeping (module docstring), so two
     runs pair only when everything else they were given is equal. A field the stored
-    config predates reads as its default (`experiments.config.with_field_defaults`), so a
+    config predates reads as its default (`experiments.run.config.with_field_defaults`), so a
     run reused from an older sweep pairs with a new one of the same values."""
     return tuple(sorted((k, json.dumps(v) if isinstance(v, list) else v)
                         for k, v in flatten(with_field_defaults(run.config)).items()

@@ -1,6 +1,6 @@
 """Run directories: loading, training curves against step and wall-clock, sweep tables.
 
-Plain numpy over the files a run writes (layout in `experiments.rundir`).
+Plain numpy over the files a run writes (layout in `experiments.run.rundir`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from experiments.jsonl import read_records
+from experiments.run.jsonl import read_records
 
 FIGURES_ENV = "ENTR_FIGURES"
 RUNS_ENV = "ENTR_RUNS"

@@ -1,4 +1,4 @@
-"""Figures of a pre-registered study (`experiments.study`): the tuning stage's candidates
+"""Figures of a pre-registered study (`experiments.multirun.study`): the tuning stage's candidates
 per gate (`tuning_figure`), and the report's paired differences to the baseline with their
 95 % intervals, each warm start's mean difference and the design's detectable difference
 (`paired_figure`). Needs matplotlib (the ``dev`` extra)."""
@@ -53,7 +53,7 @@ def tuning_figure(study: dict[str, Any], rows: list[dict[str, Any]],
     warm start) and their mean (bar), the means of the untuned ``tuning_arms`` as
     horizontal lines in their method's style, and the chosen candidate (``choice``, when
     given) in red, the others dark grey. ``rows``:
-    `experiments.study.stage_results` of the tune stage. Returns the figure."""
+    `experiments.multirun.study.stage_results` of the tune stage. Returns the figure."""
     import matplotlib.pyplot as plt
 
     key = study["preregistration"]["primary_metric"]

@@ -1,4 +1,4 @@
-"""The report of a pre-registered study (`experiments.study`): per arm, the primary and
+"""The report of a pre-registered study (`experiments.multirun.study`): per arm, the primary and
 secondary metrics with 95 % intervals; paired differences against the baseline (and the
 sync arm) over (warm start, seed) pairs with 95 % t intervals; the smallest difference the
 design could detect with 80 % power; each arm's tuned value beside its result.
@@ -22,7 +22,7 @@ import numpy as np
 from scipy import stats as _st
 
 from experiments.analysis.stats import mean_ci
-from experiments.jsonl import read_records
+from experiments.run.jsonl import read_records
 
 
 def detectable_difference(sd: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float:
@@ -97,7 +97,7 @@ def mask_fraction(path: str) -> float:
 
 def study_report(study: dict[str, Any], rows: list[dict[str, Any]],
                  choice: dict[str, Any]) -> dict[str, Any]:
-    """The study's report from its test-stage rows (`experiments.study.stage_results`):
+    """The study's report from its test-stage rows (`experiments.multirun.study.stage_results`):
     per arm its runs, tuned value, mean mask fraction, every pre-registered metric with its
     95 % interval, and the paired differences to the baseline and the sync arm (`paired`);
     ``runs_done`` of ``runs_expected`` (arms + rule arm x test seeds x warm starts): fewer
@@ -201,7 +201,7 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def format_tune_status(key: str, rows: list[dict[str, Any]]) -> str:
-    """Markdown table of `experiments.study.tune_status`: label, own values, runs done of
+    """Markdown table of `experiments.multirun.study.tune_status`: label, own values, runs done of
     expected, mean ``key`` so far and each run's value; first a line of the runs finished."""
     done, expected = sum(r["done"] for r in rows), sum(r["expected"] for r in rows)
     lines = [f"tuning runs finished: {done} of {expected}", "",
@@ -216,7 +216,7 @@ def format_tune_status(key: str, rows: list[dict[str, Any]]) -> str:
 
 
 def stage_times(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per warm start of a stage's rows (`experiments.study.stage_results`): ``runs``
+    """Per warm start of a stage's rows (`experiments.multirun.study.stage_results`): ``runs``
     finished, ``wall_s`` (the sum of their ``summary.json`` ``wall_clock_s``: what the
     stage costs one worker), ``first_start`` (the earliest ``meta.json`` ``started_at``)
     and ``last_end`` (the latest start + wall; a resumed run's start is its last session's,

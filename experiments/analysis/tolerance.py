@@ -1,7 +1,7 @@
 """A staleness tolerance map (ESTR Fig. 9 for any set of methods): each method's result after
 RL as staleness grows, one line per method, with sync GRPO as the reference.
 
-The runs come from a sweep spec with a ``[map]`` table (`experiments.sweep_spec.map_grids`;
+The runs come from a sweep spec with a ``[map]`` table (`experiments.multirun.sweep_spec.map_grids`;
 example `experiments/sweeps/tolerance_map.toml`), run with ``python -m experiments.sweep run
 SPEC --out DIR`` (resumable: finished runs are skipped). Its two axes cross at
 ``(inter_lag[0], intra_switches[0])``: the *inter* axis varies ``staleness.inter_lag`` at the

@@ -10,7 +10,7 @@ import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
-from experiments.sweep_spec import check_spec  # noqa: E402
+from experiments.multirun.sweep_spec import check_spec  # noqa: E402
 
 OUT = pathlib.Path(__file__).parent / "tolerance_map"
 METHODS = {"grpo_sync": {"objective": "grpo", "own": {"kl_coef": 0.0},
