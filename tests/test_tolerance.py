@@ -99,7 +99,7 @@ def test_map_report_pairs_each_method_with_the_reference_by_seed(tmp_path, capsy
     # no run at inter 16 (nor at the crossing): no row, no made-up point
     assert {(r["axis"], r["value"]) for r in rep["rows"]} == {("inter", 8), ("intra", 3)}
     text = format_report(rep)
-    assert "| grpo_async | inter | 8 | 1.5 | 0.0 | -0.0130 ± 0.0025 (3) | -0.0020 ± 0.0000 (3) | " in text
+    assert "| grpo_async | inter | 8 | 1.5 | 0.0 | -0.0130 ± 0.0025 (3) | -0.0020 ± 0.0000 (3) | 0.600 ± 0.000 (3) | -0.080 ± 0.050 (3) |" in text
     assert "-0.080 ± 0.050 (3) |" in text
     fig_path = tmp_path / "map.png"
     assert main([str(out), "--figure", str(fig_path), "--json", str(tmp_path / "m.json")]) == 0

@@ -109,7 +109,7 @@ def map_report(runs: Sequence[Run], spec: dict[str, Any],
         mine = [r for r in runs if label(r) == method]
         for axis, values in (("inter", spec["map"]["inter_lag"]),
                              ("intra", spec["map"]["intra_switches"])):
-            for v in values:
+            for v in sorted(values):
                 at = (v, intra0) if axis == "inter" else (inter0, v)
                 here = {r.seed: r for r in mine if (r.inter_lag, r.intra_switches) == at}
                 if not here:
@@ -128,12 +128,13 @@ def map_report(runs: Sequence[Run], spec: dict[str, Any],
             "reference": reference, "rows": rows}
 
 
-def _ci(t: Sequence[float], digits: int) -> str:
+def _ci(t: Sequence[float], digits: int, signed: bool = False) -> str:
+    """``mean ± half (n)``; a difference (``signed``) carries its sign."""
     mean, half, n = t
     if not math.isfinite(mean):
         return "no data"
-    return f"{mean:+.{digits}f} ± {half:.{digits}f} ({n})" if math.isfinite(half) \
-        else f"{mean:+.{digits}f} ({n})"
+    m = f"{mean:+.{digits}f}" if signed else f"{mean:.{digits}f}"
+    return f"{m} ± {half:.{digits}f} ({n})" if math.isfinite(half) else f"{m} ({n})"
 
 
 def _digits(metric: str) -> int:
@@ -154,7 +155,7 @@ def format_report(report: dict[str, Any]) -> str:
             f"{m} | {m} vs {ref['name']}" for m in ms) + " |",
         "|" + "---|" * (5 + 2 * len(ms))]
     for r in report["rows"]:
-        cells = " | ".join(f"{_ci(r[m], _digits(m))} | {_ci(r[m + '_vs_ref'], _digits(m))}"
+        cells = " | ".join(f"{_ci(r[m], _digits(m))} | {_ci(r[m + '_vs_ref'], _digits(m), True)}"
                            for m in ms)
         lines.append(f"| {r['method']} | {r['axis']} | {r['value']} | {r['inter_all']:.1f} | "
                      f"{r['intra_all']:.1f} | {cells} |")
