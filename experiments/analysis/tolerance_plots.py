@@ -7,10 +7,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-COLORS = ("tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown",
-          "tab:pink", "tab:olive", "tab:cyan")
-STYLES = ("-", "--", "-.", ":")
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h")
+from experiments.analysis.styles import NO_DATA, SEED_MARKERS, method_style
+
 AXIS_LABEL = {"inter": "inter-trajectory lag (versions), intra switches at {intra_at}",
               "intra": "in-flight switches per trajectory, inter lag at {inter_at}"}
 METRIC_LABEL = {"eval_ref_logp_after": "held-out reference log-lik. per token (nats)",
@@ -19,7 +17,8 @@ METRIC_LABEL = {"eval_ref_logp_after": "held-out reference log-lik. per token (n
 
 def map_figure(report: dict[str, Any]):
     """A matplotlib figure (metrics x axes panels, ~1200 px wide at 110 dpi). A panel
-    without runs says "no data"; each method keeps one colour, line style and marker."""
+    without runs says "no data"; each method keeps its colour and line style
+    (`experiments.analysis.styles`) and one marker."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -35,7 +34,7 @@ def map_figure(report: dict[str, Any]):
             ax = axes[i][j]
             rows = [r for r in report["rows"] if r["axis"] == axis]
             if not rows:
-                ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+                ax.text(0.5, 0.5, NO_DATA, ha="center", va="center", transform=ax.transAxes)
             for k, method in enumerate(methods):
                 pts = sorted((r["value"], r[metric]) for r in rows if r["method"] == method)
                 if not pts:
@@ -43,9 +42,9 @@ def map_figure(report: dict[str, Any]):
                 xs = [p[0] for p in pts]
                 ys = [p[1][0] for p in pts]
                 err = [p[1][1] if math.isfinite(p[1][1]) else 0.0 for p in pts]
-                ax.errorbar(xs, ys, yerr=err, color=COLORS[k % len(COLORS)],
-                            linestyle=STYLES[k % len(STYLES)], marker=MARKERS[k % len(MARKERS)],
-                            capsize=3, label=f"{method} (n={min(p[1][2] for p in pts)})")
+                ax.errorbar(xs, ys, yerr=err, **method_style(method),
+                            marker=SEED_MARKERS[k % len(SEED_MARKERS)], capsize=3,
+                            label=f"{method} (n={min(p[1][2] for p in pts)})")
             mean, half, n = ref[metric]
             if math.isfinite(mean):
                 ax.axhline(mean, color="black", lw=1.2, label=f"{ref['name']} (n={n})")
@@ -60,9 +59,10 @@ def map_figure(report: dict[str, Any]):
             ax.set_xlabel(AXIS_LABEL[axis].format(**report))
             ax.set_ylabel(METRIC_LABEL.get(metric, metric))
             ax.grid(alpha=0.3)
-            if i == 0 and j == 0:
-                ax.legend(fontsize=8, loc="best")
+    handles, labels = axes[0][0].get_legend_handles_labels()
     fig.suptitle("Staleness tolerance after RL: mean and 95 % t interval over seeds "
                  "(band: the reference's)", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 7), fontsize=9,
+               frameon=False)
     return fig
