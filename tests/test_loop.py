@@ -62,6 +62,17 @@ def test_run_directory_and_summary(reference):
         assert key in rows[-1], key
     z = np.load(run_dir / "token_samples" / "step_2.npz")
     assert z["logp_pi"].shape == z["entropy_mu"].shape == z["loss_mask"].shape
+    # each evaluated example's outcome, whose mean is the phase's avg@k and greedy accuracy
+    for phase in ("init", "after_rl"):
+        agg = json.loads((run_dir / "eval" / f"{phase}.json").read_text())["benchmarks"]
+        per = json.loads((run_dir / "eval" / f"{phase}_examples.json").read_text())
+        assert per["phase"] == phase and set(per["benchmarks"]) == set(agg)
+        for name, m in agg.items():
+            k = m["num_samples"] // m["num_examples"]
+            counts, greedy = (per["benchmarks"][name][key] for key in ("sampled_correct", "greedy"))
+            assert len(counts) == len(greedy) == m["num_examples"]
+            assert sum(counts) / k / len(counts) == pytest.approx(m["avg@n"], abs=1e-12)
+            assert sum(greedy) / len(greedy) == pytest.approx(m["greedy"], abs=1e-12)
 
 
 def check_time_split(summary):
