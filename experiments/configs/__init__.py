@@ -23,10 +23,13 @@ from learners.optim import OptimizerConfig
 # arithmetic is learned late (SFT loss 0.74 at step 400, 0.20 at step 1000, held-out
 # avg@4 0.34 before RL); at batch 32 the loss followed batch 64's for ~300 steps, then
 # stalled (0.67 at step 1000, avg@4 0.07), and 500 steps of 32 gave avg@4 0.04. Then 100
-# RL steps of 16 prompts x 8 samples.
+# RL steps of 16 prompts x 8 samples. The 4 layers are applied one after the other
+# without remat: at this depth the scanned layout compiles no faster and its steps cost
+# more CPU (`benchmarks/quickstart_step.py`, docs/performance.md).
 QUICKSTART = RunConfig(
     name="quickstart",
     seed=0,
+    model=ModelSpec(scan_layers=False, remat="none"),
     rl_steps=100,
     token_samples_every=10,
     task=TaskSpec(name="arithmetic", template="plain", prompts_per_step=16,
