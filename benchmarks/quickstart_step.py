@@ -2,8 +2,9 @@
 
 The quickstart (`experiments.configs.QUICKSTART`) trains the embedded tiny model (4
 layers, hidden 256, vocabulary 1024, f32) with an SFT step of 64 rows and an ENTR step of
-16 prompts x 8 samples = 128 rows, 11 and 16 tokens long (prompts of 6 and 8 tokens). At that size a step is a few
-hundred small matmuls, so how the layers are applied matters more than at 0.5B
+16 prompts x 8 samples = 128 rows, 11 and 16 tokens long (prompts of 6 and 8 tokens). At
+that size a step is a few hundred small matmuls, so how the layers are applied matters
+more than at 0.5B
 (`benchmarks/remat.py`, `benchmarks/compile.py`). For each variant in ``--variants``
 (``LAYOUT:REMAT``: ``scan`` or ``loop`` times ``none``, ``dots`` or ``full``;
 `entr_jax.model.Decoder`'s ``scan_layers`` and ``remat``; ``default``: the Decoder's
