@@ -391,9 +391,11 @@ def _kl_to(job, ref_params) -> float:
 
 
 def _model_params(model_dir):
+    """The weights in ``model_dir``, in the layer layout of the quickstart's learner."""
     from entr_jax.model import from_pretrained
 
-    return nnx.split(from_pretrained(str(model_dir)), nnx.Param, ...)[1]
+    model = from_pretrained(str(model_dir), scan_layers=QUICKSTART.model.scan_layers)
+    return nnx.split(model, nnx.Param, ...)[1]
 
 
 def kl_config(model_dir, run_dir, coef):
@@ -616,8 +618,8 @@ def test_sft_warm_start_trains_the_model_path_weights(small_model_dir, tmp_path)
     trained = dict(nnx.to_flat_state(_model_params(tmp_path / "sft_from_path" / "sft_model")))
     random_init = dict(nnx.to_flat_state(nnx.split(
         Decoder(ModelConfig.from_hf_config(json.loads(
-            (small_model_dir / "config.json").read_text())), rngs=nnx.Rngs(5)),
-        nnx.Param, ...)[1]))
+            (small_model_dir / "config.json").read_text())), rngs=nnx.Rngs(5),
+            scan_layers=QUICKSTART.model.scan_layers), nnx.Param, ...)[1]))
     assert set(trained) == set(loaded)
     for path, value in loaded.items():
         diff = np.max(np.abs(np.asarray(trained[path].get_value()) - np.asarray(value.get_value())))
