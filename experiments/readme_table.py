@@ -14,6 +14,12 @@ the block and compares (a hand edit fails), and compares the hash with the curre
 quickstart preset (a preset change without a new run fails), so stale numbers do not
 ship. A run from a tree with uncommitted changes (``-dirty`` commit) is refused. Without
 ``--write`` nothing is written: the command prints the block it would write.
+
+RL's gain is paired per example: ``d_i = avg@k_after(i) - avg@k_before(i)`` over the
+held-out examples (``eval/<phase>_examples.json``), its mean with a 95% Student-t interval
+``mean +- t_{0.975, n-1} * s / sqrt(n)`` (`experiments.analysis.stats.mean_ci`). The
+interval is over the examples of this one run: it leaves out the spread of RL itself
+over seeds (a study measures that, `experiments.multirun.study`).
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ import re
 import sys
 from typing import Any
 
+from scipy import stats as _st
+
+from experiments.analysis.stats import mean_ci
 from experiments.run.config import with_field_defaults
 from experiments.run.resume import RESULT_NEUTRAL_FIELDS, RESULT_NEUTRAL_SECTIONS
 
@@ -59,12 +68,38 @@ def config_sha256(config: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def paired_gain(run: pathlib.Path, benchmark: str, k: int) -> dict[str, float]:
+    """``{"mean", "low", "high", "se", "n"}`` of the per-example avg@k difference after RL
+    minus before RL on ``benchmark`` (module docstring).
+
+    Raises:
+      ValueError: a phase's ``eval/<phase>_examples.json`` is missing (a run from before it
+        was written) or the two phases hold different examples; the message names the file.
+    """
+    counts = {}
+    for phase in ("before_rl", "after_rl"):
+        path = run / "eval" / f"{phase}_examples.json"
+        if not path.is_file():
+            raise ValueError(f"{path} is missing: the table pairs each held-out example "
+                             "before and after RL; rerun the quickstart with this code")
+        counts[phase] = json.loads(path.read_text())["benchmarks"][benchmark]["sampled_correct"]
+    before, after = counts["before_rl"], counts["after_rl"]
+    if len(before) != len(after):
+        raise ValueError(f"{run / 'eval'}: before_rl has {len(before)} examples, after_rl "
+                         f"{len(after)}: the phases must evaluate the same examples")
+    diffs = [(a - b) / k for a, b in zip(after, before)]
+    mean, half, n = mean_ci(diffs)
+    return {"mean": mean, "low": mean - half, "high": mean + half,
+            "se": half / float(_st.t.ppf(0.975, n - 1)), "n": n}
+
+
 def table_data(run_dir: str | pathlib.Path, allow_dirty: bool = False) -> dict[str, Any]:
     """The block's data from a finished run directory.
 
     Raises:
-      ValueError: the run is unfinished (no summary.json), or its commit is unknown or
-        ``-dirty`` (unless ``allow_dirty``).
+      ValueError: the run is unfinished (no summary.json), its commit is unknown or
+        ``-dirty`` (unless ``allow_dirty``), or it lacks the per-example evaluations
+        (`paired_gain`).
     """
     run = pathlib.Path(run_dir)
     if not (run / "summary.json").is_file():
@@ -85,6 +120,7 @@ def table_data(run_dir: str | pathlib.Path, allow_dirty: bool = False) -> dict[s
         "k": k,
         "temperature": config["sampling"]["temperature"],
         "eval_examples": summary["evals"]["before_rl"][summary["primary_benchmark"]]["num_examples"],
+        "gain": paired_gain(run, summary["primary_benchmark"], k),
         "before": [summary["eval_accuracy_before"], summary["eval_greedy_before"],
                    summary[f"eval_pass@{k}_before"], summary["reward_first"]],
         "after": [summary["eval_accuracy_after"], summary["eval_greedy_after"],
@@ -103,6 +139,10 @@ def render(data: dict[str, Any]) -> str:
     lines = ["| | before RL | after RL |", "|---|---|---|"]
     lines += [f"| {label} | {b:.3f} | {a:.3f} |"
               for label, b, a in zip(labels, data["before"], data["after"])]
+    g = data["gain"]
+    lines += ["", f"RL's gain in eval avg@{k}, paired over the {g['n']} held-out examples: "
+              f"{g['mean']:+.3f}, 95% t interval [{g['low']:+.3f}, {g['high']:+.3f}] "
+              f"(standard error {g['se']:.3f}; one run: RL's spread over seeds is not in it)."]
     m = data["machine"]
     n = data["eval_examples"]
     lines += ["", f"Held-out examples: {n}, so each accuracy has a binomial standard error of "

@@ -490,7 +490,8 @@ def test_missing_warm_start_says_how_to_make_it(call, capsys, tmp_path):
                    "Hugging Face checkpoint: config.json, safetensors, tokenizer files); it is "
                    "the warm start a run exports: make it with `entr-run PRESET --run_dir "
                    f"{missing.parent} --rl_steps 0` (the CPU sweeps read runs/sft_base from "
-                   "quickstart; the stress sweeps read runs/stress_sft3500, made by the two "
+                   "quickstart, the two-methods recipe runs/quickstart, which `entr-run "
+                   "quickstart` writes; the stress sweeps read runs/stress_sft3500, made by the two "
                    "commands at the top of experiments/sweeps/stress_regime.toml)")
 
 

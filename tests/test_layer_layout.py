@@ -164,6 +164,25 @@ def test_model_knobs_are_checked_before_any_work():
         Decoder(CONFIGS["qwen2"], rngs=nnx.Rngs(0), remat="some")
 
 
+def test_the_run_config_chooses_the_learners_layer_layout():
+    """``model.scan_layers`` reaches the learner's Decoder built from the run config;
+    the quickstart's shallow model runs its layers one after the other, without remat."""
+    import dataclasses
+    import json
+
+    from entr_jax.assets import tiny_dir
+    from experiments import build
+    from experiments.configs import QUICKSTART
+
+    cfg = ModelConfig.from_hf_config(json.loads((tiny_dir() / "config.json").read_text()))
+    assert (QUICKSTART.model.scan_layers, QUICKSTART.model.remat) == (False, "none")
+    assert ModelSpec().scan_layers is True
+    module_fn, weights = build.policy(QUICKSTART, cfg)
+    assert weights is None and module_fn().scan_layers is False
+    scanned = dataclasses.replace(QUICKSTART, model=ModelSpec(scan_layers=True))
+    assert build.policy(scanned, cfg)[0]().scan_layers is True
+
+
 def test_the_sampler_serves_either_layout_from_either_layout():
     """Weights of a stacked or a per-layer model, served per layer (the default) or
     scanned: the same tokens, logp_mu to f32 rounding."""

@@ -73,6 +73,17 @@ def test_run_directory_and_summary(reference):
     assert mask.sum() == 36  # every response runs to its 6-token budget
     # step 2 is scored at its tokens' own versions: equal weights give equal log-probs
     np.testing.assert_array_equal(z["logp_version"][mask], z["logp_mu"][mask])
+    # each evaluated example's outcome, whose mean is the phase's avg@k and greedy accuracy
+    for phase in ("init", "after_rl"):
+        agg = json.loads((run_dir / "eval" / f"{phase}.json").read_text())["benchmarks"]
+        per = json.loads((run_dir / "eval" / f"{phase}_examples.json").read_text())
+        assert per["phase"] == phase and set(per["benchmarks"]) == set(agg)
+        for name, m in agg.items():
+            k = m["num_samples"] // m["num_examples"]
+            counts, greedy = (per["benchmarks"][name][key] for key in ("sampled_correct", "greedy"))
+            assert len(counts) == len(greedy) == m["num_examples"]
+            assert sum(counts) / k / len(counts) == pytest.approx(m["avg@n"], abs=1e-12)
+            assert sum(greedy) / len(greedy) == pytest.approx(m["greedy"], abs=1e-12)
 
 
 def check_time_split(summary):
@@ -381,9 +392,11 @@ def _kl_to(job, ref_params) -> float:
 
 
 def _model_params(model_dir):
+    """The weights in ``model_dir``, in the layer layout of the quickstart's learner."""
     from entr_jax.model import from_pretrained
 
-    return nnx.split(from_pretrained(str(model_dir)), nnx.Param, ...)[1]
+    model = from_pretrained(str(model_dir), scan_layers=QUICKSTART.model.scan_layers)
+    return nnx.split(model, nnx.Param, ...)[1]
 
 
 def kl_config(model_dir, run_dir, coef):
@@ -597,8 +610,8 @@ def test_sft_warm_start_trains_the_model_path_weights(small_model_dir, tmp_path)
     trained = dict(nnx.to_flat_state(_model_params(tmp_path / "sft_from_path" / "sft_model")))
     random_init = dict(nnx.to_flat_state(nnx.split(
         Decoder(ModelConfig.from_hf_config(json.loads(
-            (small_model_dir / "config.json").read_text())), rngs=nnx.Rngs(5)),
-        nnx.Param, ...)[1]))
+            (small_model_dir / "config.json").read_text())), rngs=nnx.Rngs(5),
+            scan_layers=QUICKSTART.model.scan_layers), nnx.Param, ...)[1]))
     assert set(trained) == set(loaded)
     for path, value in loaded.items():
         diff = np.max(np.abs(np.asarray(trained[path].get_value()) - np.asarray(value.get_value())))

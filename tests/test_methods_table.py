@@ -56,11 +56,24 @@ def test_method_rows_are_per_seed_means_with_t_intervals_and_paired_gaps(tmp_pat
     table = format_rows(list(rows.values()))
     assert "| entr | 0,1,2 | 0.390 ± " in table and "| 0.140 ± " in table
     assert "| icepop | 5 | 0.500 (1) |" in table
+    assert table.endswith(
+        "\n\n± is the 95% Student-t half-width over the seeds (their count in parentheses): "
+        "t_{0.975, n-1} * s / sqrt(n). At 3 seeds it is 4.30 standard errors wide. A claim "
+        "needs a pre-registered study with its own seeds and tuning: python -m "
+        "experiments.study (experiments/studies/stress_fp8.toml).")
     assert main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "(1 unfinished run(s) left out)" in out
     assert main([str(tmp_path), "--reference", "grpo_sync"]) == 0
     assert "no finished run of the reference method 'grpo_sync'" in capsys.readouterr().out
+
+
+def test_the_note_says_two_seeds_decide_nothing(tmp_path):
+    for seed in (0, 1):
+        _run(tmp_path, "grpo_async", seed, 0.3 + seed / 10)
+        _run(tmp_path, "entr", seed, 0.4)
+    note = format_rows(method_rows(load_runs(tmp_path))).split("\n\n")[1]
+    assert "At 2 seeds it is 12.71 standard errors wide: 2 seeds decide nothing." in note
 
 
 def test_a_method_with_one_seed_twice_is_refused_with_both_runs_named(tmp_path, capsys):

@@ -31,6 +31,11 @@ def fake_run(tmp_path, commit=COMMIT, finished=True, **config_changes):
             "reward_first": 0.53151, "final_reward": 0.68359,
             "evals": {"before_rl": {"arithmetic": {"num_examples": 153}}},
         }))
+        (run / "eval").mkdir()
+        for phase, counts in (("before_rl", [0, 1, 2, 4]), ("after_rl", [1, 1, 4, 4])):
+            (run / "eval" / f"{phase}_examples.json").write_text(json.dumps(
+                {"phase": phase, "benchmarks": {"arithmetic": {"sampled_correct": counts,
+                                                                "greedy": [0, 1, 1, 1]}}}))
     return run
 
 
@@ -45,6 +50,10 @@ def test_table_from_a_run_renders_the_numbers_and_provenance(tmp_path):
         "| eval greedy | 0.405 | 0.516 |\n"
         "| eval pass@4 | 0.575 | 0.621 |\n"
         "| training reward (mean of first / last 10 steps) | 0.532 | 0.684 |\n"
+        "\n"
+        "RL's gain in eval avg@4, paired over the 4 held-out examples: +0.188, 95% t interval "
+        "[-0.193, +0.568] (standard error 0.120; one run: RL's spread over seeds is not in "
+        "it).\n"
         "\n"
         "Held-out examples: 153, so each accuracy has a binomial standard error of at most "
         "0.040 (sqrt(p(1-p)/153) at p = 0.5; avg@4 no more): differences of a few hundredths "
@@ -74,6 +83,24 @@ def test_the_command_prints_and_rewrites_only_with_write(tmp_path, capsys):
     assert rt.find_block(readme.read_text()) == (data, rt.render(data))
     assert capsys.readouterr().err == f"readme_table: rewrote the block in {readme}\n"
     assert rt.COMMAND.endswith(" --write")  # the README footer names the writing command
+
+
+def test_gain_is_the_paired_per_example_difference_with_a_t_interval(tmp_path):
+    # differences (after - before) / 4 = [0.25, 0, 0.5, 0]: mean 0.1875, sample sd
+    # sqrt(0.171875 / 3) = 0.239357, se 0.119678, t_{0.975, 3} = 3.182446, half 0.380870
+    gain = rt.table_data(fake_run(tmp_path))["gain"]
+    assert gain["n"] == 4 and gain["mean"] == 0.1875
+    assert gain["se"] == pytest.approx(0.1196784, abs=1e-7)
+    assert (gain["low"], gain["high"]) == pytest.approx((0.1875 - 0.3808700,
+                                                         0.1875 + 0.3808700), abs=1e-7)
+
+
+def test_run_without_per_example_evaluations_is_refused(tmp_path):
+    run = fake_run(tmp_path)
+    (run / "eval" / "after_rl_examples.json").unlink()
+    with pytest.raises(ValueError, match=r"eval/after_rl_examples.json is missing: the table "
+                       "pairs each held-out example before and after RL; rerun the quickstart"):
+        rt.table_data(run)
 
 
 def test_dirty_or_unfinished_runs_are_refused(tmp_path):

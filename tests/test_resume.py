@@ -96,7 +96,7 @@ def test_a_change_to_the_experiment_is_refused_before_any_work(finished, model_d
     assert code == 2
     assert err == (f"entr-run: error: cannot resume {run_dir}: the configuration differs from "
                    "the saved one in 2 field(s) that change the experiment: objective.name: "
-                   '"entr" -> "grpo"; optim.learning_rate: 0.0001 -> 0.001. Resume with the '
+                   '"entr" -> "grpo"; optim.learning_rate: 0.0002 -> 0.001. Resume with the '
                    "saved values, choose a new --run_dir, or pass --resume-override to continue "
                    "with the new values (recorded in resume_overrides.jsonl)\n")
     assert {k: (run_dir / k).read_bytes() for k in listing(run_dir)} == before

@@ -40,6 +40,7 @@ import sys
 from typing import Any, Iterable
 
 import numpy as np
+from scipy import stats as _st
 
 from experiments.analysis.regime import indicators, label, setting, value, varying_fields
 from experiments.analysis.runs import Run, print_table
@@ -111,8 +112,22 @@ def _num(x: float, spec: str) -> str:
     return format(x, spec) if math.isfinite(x) else ""
 
 
+def interval_note(rows: list[dict[str, Any]]) -> str:
+    """The table's footnote: what "±" is and how wide it is at the fewest seeds of a method
+    with at least two (``t_{0.975, n-1}`` standard errors), and where a claim is made."""
+    counts = [len(r["seeds"]) for r in rows if len(r["seeds"]) >= 2]
+    note = ("± is the 95% Student-t half-width over the seeds (their count in parentheses): "
+            "t_{0.975, n-1} * s / sqrt(n).")
+    if counts:
+        n = min(counts)
+        note += (f" At {n} seeds it is {_st.t.ppf(0.975, n - 1):.2f} standard errors wide"
+                 + (": 2 seeds decide nothing." if n == 2 else "."))
+    return note + (" A claim needs a pre-registered study with its own seeds and tuning: "
+                   "python -m experiments.study (experiments/studies/stress_fp8.toml).")
+
+
 def format_rows(rows: list[dict[str, Any]], reference: str = "grpo_async") -> str:
-    """A Markdown table of `method_rows`."""
+    """A Markdown table of `method_rows`, with `interval_note` below it."""
     if not rows:
         return "(no finished runs)"
     head = ("| method | seeds | eval after | eval gain | final reward | mask | clip | "
@@ -124,7 +139,7 @@ def format_rows(rows: list[dict[str, Any]], reference: str = "grpo_async") -> st
             f"{_ci(r['eval_gain'])} | {_ci(r['final_reward'])} | {_ci(r['mask'], 4)} | "
             f"{_ci(r['clip'], 4)} | {_ci(r['gap'])} | {_num(r['gnorm_max'], '.3g')} | "
             f"{_num(r['ess_min'], '.3f')} | {_num(r['k3_max'], '.3g')} |")
-    return "\n".join(lines)
+    return "\n".join(lines + ["", interval_note(rows)])
 
 
 def main(argv: list[str] | None = None) -> int:

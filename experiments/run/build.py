@@ -53,12 +53,13 @@ def policy(cfg: RunConfig, model_cfg: ModelConfig) -> tuple[Callable[[], Any], A
 
     def module_fn():
         return Decoder(model_cfg, rngs=nnx.Rngs(seed), dtype=dtype, param_dtype=pdtype,
-                       remat=spec.remat, attention=spec.attention)
+                       remat=spec.remat, attention=spec.attention, scan_layers=spec.scan_layers)
 
     weights = None
     if spec.path:
         loaded = from_pretrained(spec.path, dtype=dtype, param_dtype=pdtype,
-                                 remat=spec.remat, attention=spec.attention)
+                                 remat=spec.remat, attention=spec.attention,
+                                 scan_layers=spec.scan_layers)
         weights = nnx.split(loaded, nnx.Param, ...)[1]
     return module_fn, weights
 

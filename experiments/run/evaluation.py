@@ -1,6 +1,10 @@
 """Evaluation of a policy during a job: avg@k / pass@k (sampled), greedy accuracy and the
 reference solutions' log-likelihood on every evaluation set, written to
-``eval/<phase>.json`` and to TensorBoard.
+``eval/<phase>.json`` and to TensorBoard, and each example's outcome to
+``eval/<phase>_examples.json`` (``{"phase", "version", "benchmarks": {name: {"sampled_correct":
+[correct samples of example i, of k], "greedy": [0/1 of example i]}}}``, examples in the
+evaluation set's order), from which two phases' per-example difference is paired
+(`experiments.readme_table`).
 
 Phases (`experiments.run.job`): ``init`` (the starting weights; shared between runs by
 `experiments.run.shared_eval`), ``before_rl`` (after the SFT warm start, or the initial one
@@ -61,6 +65,7 @@ class Evaluator:
             sizes = ", ".join(f"{n}: {len(e)}" for n, e in eval_sets.items())
             tqdm.write(f"evaluating ({phase}; {sizes} examples; greedy and {k} samples each)")
         out: dict[str, Any] = {"phase": phase, "version": version, "benchmarks": {}}
+        examples_out: dict[str, Any] = {"phase": phase, "version": version, "benchmarks": {}}
         for name, examples in eval_sets.items():
             # greedy: top-1 (the SGLang fleet sends it as temperature 0: the arg-max, the
             # same token among exact ties whatever the seed; samplers/sglang_protocol.py)
@@ -78,7 +83,11 @@ class Evaluator:
             ks = sorted({1, k})
             out["benchmarks"][name] = benchmark_metrics(per_example, ks=ks, greedy=greedy)
             out["benchmarks"][name].update(self.reference_logp(examples, weights))
+            examples_out["benchmarks"][name] = {
+                "sampled_correct": [int(sum(map(bool, c))) for c in per_example],
+                "greedy": [int(bool(g)) for g in greedy]}
         self.run.write_json(f"eval/{phase}.json", out)
+        self.run.write_json(f"eval/{phase}_examples.json", examples_out)
         self.log(out)
         return out
 

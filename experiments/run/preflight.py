@@ -204,7 +204,8 @@ def read_model_config(model_dir: str | os.PathLike) -> ModelConfig:
             run = pathlib.Path(model_dir).parent
             hint = (f"; it is the warm start a run exports: make it with `entr-run PRESET "
                     f"--run_dir {run} --rl_steps 0` (the CPU sweeps read runs/sft_base from "
-                    "quickstart; the stress sweeps read runs/stress_sft3500, made by the two "
+                    "quickstart, the two-methods recipe runs/quickstart, which `entr-run "
+                    "quickstart` writes; the stress sweeps read runs/stress_sft3500, made by the two "
                     "commands at the top of experiments/sweeps/stress_regime.toml)")
         raise ConfigError(f"model.path {str(model_dir)!r} is not a directory (a local Hugging "
                           f"Face checkpoint: config.json, safetensors, tokenizer files){hint}")

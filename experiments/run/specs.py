@@ -53,6 +53,12 @@ class ModelSpec:
         (`entr_jax.model.attention_impl`): ``auto`` (cuDNN on GPU in bf16, Pallas splash
         on TPU, the blocked XLA form otherwise), ``xla_blocked``, ``xla``, ``cudnn``,
         ``splash``. The same values to float rounding.
+      scan_layers: the learner's decoder layers stacked and applied by ``lax.scan``
+        (`entr_jax.model.Decoder`'s ``scan_layers``): a program of one layer, so a deep
+        model compiles in a fraction of the time; False applies them one after the
+        other, which is cheaper per step for a shallow model (the embedded 4-layer model:
+        `benchmarks/quickstart_step.py`, `docs/performance.md`). The same values to float
+        rounding; a checkpoint restores only into the layout it was saved from.
     """
 
     path: str = ""
@@ -63,6 +69,7 @@ class ModelSpec:
     sha256: str = ""
     remat: Literal["none", "dots", "full"] = "dots"
     attention: Literal["auto", "xla_blocked", "xla", "cudnn", "splash"] = "auto"
+    scan_layers: bool = True
 
     def __post_init__(self):
         require(not self.sha256 or (len(self.sha256) == 64 and all(
