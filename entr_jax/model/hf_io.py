@@ -352,14 +352,9 @@ _OS_ERROR_CODE = re.compile(r"os error (\d+)|code: (\d+)")
 
 def save_safetensors(tensors: Mapping[str, np.ndarray], filename: str,
                      metadata: dict[str, str] | None = None) -> None:
-    """`safetensors.numpy.save_file`, with a failed write raised as the `OSError` it is.
-
-    Raises:
-      OSError: the file could not be written (a full disk: ``errno.ENOSPC``); ``filename``
-        is set, the `SafetensorError` (whose message names no file, e.g. ``IoError(Os {
-        code: 28, kind: StorageFull, ... })``) is its cause.
-      SafetensorError: any other failure to serialise.
-    """
+    """`safetensors.numpy.save_file`; a failed write is raised as the `OSError` it is (e.g.
+    ``errno.ENOSPC``) with ``filename`` set and the `SafetensorError`, which names no file,
+    as its cause. Other failures to serialise stay `SafetensorError`."""
     try:
         save_file(dict(tensors), filename, metadata=metadata)
     except SafetensorError as e:
