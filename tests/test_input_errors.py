@@ -335,7 +335,7 @@ def test_full_disk_mid_run_names_the_file_and_the_resume_command(call, capsys, t
     from safetensors import SafetensorError
 
     from entr_jax.model import hf_io
-    from experiments.job import Job
+    from experiments.run.job import Job
 
     def full(tensors, filename, metadata=None):
         raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: '

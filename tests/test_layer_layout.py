@@ -171,8 +171,8 @@ def test_the_run_config_chooses_the_learners_layer_layout():
     import json
 
     from entr_jax.assets import tiny_dir
-    from experiments import build
-    from experiments.configs import QUICKSTART
+    from experiments.run import build
+    from experiments.run.configs import QUICKSTART
 
     cfg = ModelConfig.from_hf_config(json.loads((tiny_dir() / "config.json").read_text()))
     assert (QUICKSTART.model.scan_layers, QUICKSTART.model.remat) == (False, "none")

@@ -257,7 +257,7 @@ def test_a_relaunch_that_fails_is_named(servers, checkpoint):
 def test_the_failed_push_is_not_retried_as_a_bug_by_the_run(tmp_path, capsys):
     """`entr-run` reports a `WeightSyncError` as one paragraph, exit status 2, ending with
     what is saved and the command that resumes the run."""
-    from experiments import run
+    from experiments.run import cli as run
 
     err = WeightSyncError("weight push of version 3 failed: no SGLang server took it within "
                           "outage_wait_s=1 s. What they answered: http://127.0.0.1:1 x")
