@@ -35,7 +35,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from experiments.analysis.regime import label, setting
+from experiments.analysis.regime import paired_settings
 from experiments.analysis.runs import Run, load_runs
 from experiments.analysis.stats import mean_ci
 
@@ -66,19 +66,8 @@ def collapse_rows(runs: Iterable[Run], seeds: Iterable[int] | None = None) -> li
     seeds (e.g. the stage the criterion is judged on); None = every seed."""
     keep = None if seeds is None else set(seeds)
     runs = [r for r in runs if r.summary is not None and (keep is None or r.seed in keep)]
-    sync = [r for r in runs if r.config["staleness"]["mode"] == "sync"]
-    groups: dict[tuple, list[Run]] = {}
-    for r in runs:
-        if r.config["staleness"]["mode"] != "sync":
-            groups.setdefault((label(r), setting(r), r.inter_lag, r.intra_switches), []).append(r)
     rows = []
-    for (method, where, inter, intra), stale in sorted(
-            groups.items(), key=lambda g: (g[0][0], repr(g[0][1]), g[0][2], g[0][3])):
-        base = {r.seed: r for r in sync if setting(r) == where}
-        mine = {r.seed: r for r in stale}
-        seeds = sorted(set(base) & set(mine))
-        if not seeds:
-            continue
+    for method, where, inter, intra, base, mine, seeds in paired_settings(runs):
         drop = float(np.mean([dropped(mine[s]) for s in seeds]))
         sync_acc = float(np.mean([_gain(base[s], "eval_accuracy") for s in seeds]))
         sync_ref = float(np.mean([_gain(base[s], "eval_ref_logp") for s in seeds]))

@@ -169,6 +169,26 @@ def label(run: Run) -> str:
     return run.method
 
 
+def paired_settings(runs: list[Run], key=None):
+    """The stale runs grouped by (method `label`, `setting`, inter lag, intra switches), each
+    group with the sync runs (``staleness.mode = sync``) of the same setting: yields
+    ``(method, setting, inter, intra, sync_by_seed, stale_by_seed, common_seeds)`` for the
+    groups with a common seed, sorted by ``key`` of the group's first four (default: as
+    listed). ``runs`` must be finished runs."""
+    sync = [r for r in runs if r.config["staleness"]["mode"] == "sync"]
+    groups: dict[tuple, list[Run]] = {}
+    for r in runs:
+        if r.config["staleness"]["mode"] != "sync":
+            groups.setdefault((label(r), setting(r), r.inter_lag, r.intra_switches), []).append(r)
+    order = key or (lambda g: (g[0], repr(g[1]), g[2], g[3]))
+    for group in sorted(groups, key=order):
+        here = {r.seed: r for r in sync if setting(r) == group[1]}
+        mine = {r.seed: r for r in groups[group]}
+        seeds = sorted(set(here) & set(mine))
+        if seeds:
+            yield (*group, here, mine, seeds)
+
+
 def regime_rows(runs: Iterable[Run], value_name: str = "eval_after") -> list[dict[str, Any]]:
     """One row per (stale method, setting, inter, intra) with a sync baseline of the same
     setting on at least one common seed: ``method, lr, noise, steps, other`` (the varying
@@ -186,24 +206,14 @@ def regime_rows(runs: Iterable[Run], value_name: str = "eval_after") -> list[dic
     if value_name not in VALUES:
         raise ValueError(f"regime value must be one of {VALUES}, got {value_name!r}")
     runs = [r for r in runs if r.summary is not None]
-    sync = [r for r in runs if r.config["staleness"]["mode"] == "sync"]
-    groups: dict[tuple, list[Run]] = {}
-    for r in runs:
-        if r.config["staleness"]["mode"] != "sync":
-            groups.setdefault((label(r), setting(r), r.inter_lag, r.intra_switches), []).append(r)
     varying = varying_fields([setting(r) for r in runs])
     rows = []
-    for (method, where, inter, intra), stale in sorted(groups.items(), key=lambda g: (
-            g[0][0], _shown(g[0][1]), repr(g[0][1]), g[0][2], g[0][3])):
+    for method, where, inter, intra, here, mine, seeds in paired_settings(runs, key=lambda g: (
+            g[0], _shown(g[1]), repr(g[1]), g[2], g[3])):
         lr, noise, steps = _shown(where)
         d = dict(where)
         other = " ".join(f"{k}={d.get(k, '-')}" for k in varying)
-        here = {r.seed: r for r in sync if setting(r) == where}
         base = {seed: value(r, value_name) for seed, r in here.items()}
-        mine = {r.seed: r for r in stale}
-        seeds = sorted(set(base) & set(mine))
-        if not seeds:
-            continue
         gap = mean_ci([value(mine[s], value_name) - base[s] for s in seeds])
         ind = [indicators(mine[s]) for s in seeds]
         realised = [measured_staleness(mine[s], skip=0) for s in seeds]
