@@ -50,7 +50,6 @@ def test_a_run_reading_the_shared_evaluation_writes_what_computing_it_writes(
         "eval_accuracy_before"]
 
 
-@pytest.mark.filterwarnings("ignore:only 0 of rl_steps")
 def test_sync_and_stale_runs_evaluate_the_start_alike_and_share_a_key(small_model_dir, tmp_path):
     """What `NOT_READ` leaves out really is not read: a sync GRPO run, a stale ENTR run
     (simulated, 2 in-flight switches, another learning rate) and an async run compute the
