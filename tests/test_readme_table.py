@@ -139,3 +139,15 @@ def test_readme_quickstart_table_is_generated_and_current():
     assert re.fullmatch(r"[0-9a-f]{40}", data["commit"]), data["commit"]
     assert data["config_sha256"] == rt.config_sha256(json.loads(QUICKSTART.to_json())), (
         "the quickstart preset changed since the README table was produced")
+
+
+def test_the_quickstart_time_in_readme_is_of_the_tables_run():
+    """README states the quickstart's wall time for the commit whose run made the table:
+    a time from another commit (or a table regenerated without its time) fails here."""
+    text = README.read_text(encoding="utf-8")
+    table = json.loads(text.split("<!-- quickstart-table", 1)[1].split("-->", 1)[0])
+    prose = " ".join(text.split("<!-- quickstart-table", 1)[0].split())
+    timed = re.search(r"It took \*\*\d+ min \d+ s\*\* on an otherwise idle .*?\(the table's "
+                      r"run, commit ([0-9a-f]{7,40}),", prose)
+    assert timed, "README's quickstart paragraph lost its measured time"
+    assert table["commit"].startswith(timed.group(1))

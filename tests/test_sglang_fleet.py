@@ -356,7 +356,8 @@ def test_dead_server_catches_up_when_it_returns(servers, tmp_path):
     port = int(fakes[0].url.rsplit(":", 1)[1])
     fakes[0].stop()
     with SGLangFleet(_cfg(fakes)) as fleet:
-        fleet.update_weights_from_path(str(tmp_path / "w"), 4)
+        with pytest.warns(UserWarning, match="weight push of version 4 failed on 1 of 2"):
+            fleet.update_weights_from_path(str(tmp_path / "w"), 4)
         assert fleet.metrics()["sglang/weight_update_failures"] == 1
         reborn = FakeSGLangServer(port=port)  # restarted with its startup weights
         try:
@@ -400,7 +401,8 @@ def test_weight_update_fails_everywhere_raises(servers, tmp_path):
         with pytest.raises(ValueError, match="not a directory"):
             fleet.update_weights_from_path(str(tmp_path / "missing"), 1)
         fakes[0].stop()
-        with pytest.raises(WeightSyncError, match="no SGLang server took it within outage_wait_s"):
+        with pytest.raises(WeightSyncError, match="no SGLang server took it within outage_wait_s"), \
+                pytest.warns(UserWarning, match="weight push of version 1 reached no SGLang server"):
             fleet.update_weights_from_path(str(tmp_path), 1)
 
 
