@@ -5,46 +5,14 @@ Every (prompt, sample) pair is one *unit*, sampled by one ``/generate`` request 
 failover, so a dead or hung server costs only its own units, each of which is answered
 exactly once; SGLang's radix cache still shares the prompt prefix across the G samples.
 
-* With ``config.router_url``, every ``/generate`` goes to SGLang's own router
-  (`samplers.sglang_router`), which balances (cache-aware), health-checks and retries
-  across the workers. The client still retries what reaches it (below), resumes aborted
-  samples, and does all that needs the workers themselves (`samplers.sglang_workers`):
-  weight pushes, pause/continue, the version check, and taking a worker out of the router
-  while it catches up on weights it missed. When the router dies, the workers are used
-  directly until it is back.
-* Retries: with exponential backoff (``tenacity``), a failed try (timeout, dropped
-  connection, 5xx/408/429, a reply that fails validation, `samplers.sglang_reply`) is
-  tried again, up to ``max_attempts`` failures on servers that stayed in rotation (a
-  failure that takes its server out does not count: the request waits for a server). A
-  call may take ``request_timeout_s + request_timeout_per_token_s * max_new_tokens``;
-  a timed-out request is also aborted
-  (``/abort_request`` with its ``rid``, best effort) so it does not keep computing.
-* Refusals: a 4xx answer (but 408/429) is not retried on the server that gave it. A
-  401/403/404/405 takes that server out of rotation (a key it refuses, or not an SGLang
-  server); any other 4xx leaves it in. The request goes to another server; when every
-  server has refused it, `generate` raises `FleetError` naming each server and its answer.
-* Routing (`samplers.sglang_routing`): to the router while it is in rotation, else least
-  outstanding requests over the workers in rotation; a server (or the router) failing
-  ``unhealthy_after`` times in a row leaves the rotation and is re-probed after
-  ``reprobe_interval_s`` (a worker with ``/get_model_info``, ``/health_generate`` and a
-  weight update if it missed one). While no server is in rotation, requests wait for one
-  to come back (one warning line), up to ``outage_wait_s``; the wait uses no tries.
-* Abort: a reply with ``finish_reason.type == "abort"`` (e.g. a weight update paused the
-  server) is resumed: the tokens so far are appended to the input and only the remaining
-  budget is requested; segments are concatenated, each token keeping the version of the
-  reply that produced it.
-* Versions: ``meta_info.weight_version`` (a string) of every reply is parsed to an int and
-  recorded as ``token_version`` of that reply's tokens (`sglang_protocol.parse_weight_version`).
-  A reply older than the version fully pushed when its request was sent comes from a worker
-  that fell behind (e.g. restarted): it is kept (its tokens are labelled correctly) and that
-  worker is taken out and caught up (with a router, every worker's version is checked, as
-  the router does not say which worker answered).
-* Weight sync (`update_weights`): export HF safetensors to ``export_dir/v{version}``, then
-  on every worker directly ``/pause_generation`` (mode ``abort``: in-flight requests return
-  at once with the tokens and version they have, and are resumed by their units),
-  ``/update_weights_from_disk`` (``model_path``, ``weight_version``),
-  ``/continue_generation`` and a ``/health_generate`` that must succeed
-  (`samplers.sglang_workers`).
+What the client does, in full (routing with or without SGLang's router, retries with
+backoff, refusals, outages, resumed aborts, the version of every token, weight sync by
+pause / ``/update_weights_from_disk`` / continue): `docs/sglang.md`, section 3. In short:
+requests go to the router while it is in rotation, else to the least busy worker in
+rotation (`samplers.sglang_routing`); a failed try is retried (``tenacity``) up to
+``max_attempts``; while no server is in rotation requests wait up to ``outage_wait_s``; an
+aborted reply is resumed from its last token, each token keeping the version of the reply
+that produced it; weight pushes go to every worker directly (`samplers.sglang_workers`).
 
 Every reply is validated against its request and the model (token ids, log-probs,
 counts, versions, entropies; `samplers.sglang_reply`); the entropy estimate with its error
