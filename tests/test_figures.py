@@ -62,8 +62,8 @@ def test_premise_figure_rounds_its_legend_and_fits_only_over_the_fitted_bins():
     ax1, ax2 = fig.axes
     labels = [ln.get_label() for ax in (ax1, ax2) for ln in ax.get_lines()]
     a, b = summary["premises"]["stale_vs_entropy"], summary["premises"]["mis_vs_q"]
-    assert labels[1] == (f"fit a H + b over the bins: a = {a['slope']:.3g}, 95% CI [0.7, 4.1]")
-    assert labels[3] == (f"fit c ((1-q)/q)^k over the bins but q >= 0.999: k = "
+    assert labels[1] == (f"fit a H + b: a = {a['slope']:.3g}, 95% CI [0.7, 4.1]")
+    assert labels[3] == (f"fit c ((1-q)/q)^k, q < 0.999: k = "
                          f"{b['exponent']:.3g}, 95% CI [1.61, 1.72]")
     assert not any(re.search(r"\d\.\d{5,}", label) for label in labels)  # no long floats
     fit_a = ax1.get_lines()[1].get_xdata()

@@ -44,9 +44,9 @@ def premise_figure(summary: dict[str, Any]):
         if np.isfinite(a["slope"]):
             xs = np.linspace(*span, 50)
             ax1.plot(xs, a["slope"] * xs + a["intercept"], "-", color="C1",
-                     label=f"fit a H + b over the bins: a = {styles.fmt(a['slope'], 3)}, "
+                     label=f"fit a H + b: a = {styles.fmt(a['slope'], 3)}, "
                            f"95% CI {styles.interval(boot.get('slope_ci95'))}")
-        ax1.legend(fontsize=8)
+        ax1.legend(fontsize=8, loc="upper left")  # the bins rise: that corner stays empty
     ax1.set(xlabel="behaviour entropy H (nats)", ylabel="E[delta_stale^2 | H]",
             title="(a) staleness drift vs entropy")
     b = p["mis_vs_q"]
@@ -63,10 +63,10 @@ def premise_figure(summary: dict[str, Any]):
         if np.isfinite(b["exponent"]) and span2 is not None:
             xs = np.geomspace(*span2, 50)
             ax2.loglog(xs, np.exp(b["log_coef"]) * xs ** b["exponent"], "-", color="C1",
-                       label=f"fit c ((1-q)/q)^k over the bins but q >= 0.999: k = "
+                       label=f"fit c ((1-q)/q)^k, q < 0.999: k = "
                              f"{styles.fmt(b['exponent'], 3)}, 95% CI "
                              f"{styles.interval(boot.get('exponent_ci95'))}")
-        ax2.legend(fontsize=8)
+        ax2.legend(fontsize=8, loc="upper left")  # "best" hid the lowest bin (q near 1)
     ax2.set(xlabel="(1 - q) / q, q = mu(sampled token)", ylabel="E[delta_mis^2 | q]",
             title="(b) mismatch vs token probability")
     fig.tight_layout()
