@@ -30,7 +30,9 @@ class OptimizerConfig:
       schedule: ``"constant"`` keeps the peak after warmup; ``"cosine"`` decays it to
         ``learning_rate * final_lr_fraction`` at ``total_steps``.
       total_steps: length of the cosine schedule, warmup included (> warmup_steps when
-        ``schedule == "cosine"``; ignored for "constant").
+        ``schedule == "cosine"``; ignored for "constant"). A run (``--optim.total_steps``)
+        takes 0 as its own optimizer updates, rl_steps x learner.minibatches x
+        learner.epochs.
       final_lr_fraction: cosine end value as a fraction of the peak, in [0, 1].
       b1: Adam moment decay rates, in [0, 1).
       b2: Adam moment decay rates, in [0, 1).

@@ -141,7 +141,34 @@ def as_section(value: Any, section: type) -> Any:
     return section(**{f.name: getattr(value, f.name) for f in dataclasses.fields(section)})
 
 
-OptimSection = run_section(OptimizerConfig, "optim.")
+_OptimBase = run_section(OptimizerConfig, "optim.")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimSection(_OptimBase):
+    __doc__ = OptimizerConfig.__doc__  # the --help text; total_steps 0: `rl_optimizer`
+
+    def __post_init__(self):
+        if self.schedule == "cosine" and self.total_steps == 0:
+            # derived by RunConfig from the run's length; the other fields are checked here
+            dataclasses.replace(self, total_steps=self.warmup_steps + 1)
+            return
+        super().__post_init__()
+
+
+def rl_optimizer(optim: OptimSection, updates: int) -> OptimSection:
+    """``optim`` with a cosine schedule's length derived from the run's ``updates`` when
+    ``optim.total_steps`` is 0 (unchanged otherwise). ValueError names the fields when the
+    run is too short for its warmup."""
+    if optim.schedule != "cosine" or optim.total_steps:
+        return optim
+    if updates == 0:  # no RL step: no schedule is run; the shortest valid one is recorded
+        return dataclasses.replace(optim, total_steps=optim.warmup_steps + 1)
+    require(updates > optim.warmup_steps, "optim.warmup_steps", optim.warmup_steps,
+            f"< the run's {updates} optimizer updates (rl_steps * learner.minibatches * "
+            "learner.epochs), the cosine schedule's length with optim.total_steps 0; lower "
+            "it or set optim.total_steps")
+    return dataclasses.replace(optim, total_steps=updates)
 
 
 def _objective_spec_class() -> type:
@@ -228,7 +255,9 @@ class RunConfig:
     verifier: VerifierConfig = VerifierConfig()  # answer checking: workers, time limit
 
     def __post_init__(self):
-        object.__setattr__(self, "optim", as_section(self.optim, OptimSection))
+        object.__setattr__(self, "optim", rl_optimizer(
+            as_section(self.optim, OptimSection),
+            self.rl_steps * self.learner.minibatches * self.learner.epochs))
         _check_numbers(self)
         parts = self.name.replace("\\", "/").split("/")
         require(bool(self.name.strip()) and not os.path.isabs(self.name)
